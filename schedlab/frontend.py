@@ -167,11 +167,16 @@ def client_times(request, first_token_ms: float, finish_ms: float, output_delay_
     """``(first byte, done, timed out)`` as the client sees a request the engine finished (or
     aborted) at ``finish_ms``: the first byte ``output_delay_ms`` after the first token (-1 if
     none reached the client before it gave up); done when the last byte arrived or, timed out,
-    when the client gave up. Shared by both engines' results and the drivers' closed loops."""
+    when the client gave up. Shared by both engines' results and the drivers' closed loops.
+    An aborted request failed for its client (timed out): done when its client gave up -- an
+    abort of its client's comes after that -- or, dropped by the engine before then (an
+    autoscaler's drain timeout, :mod:`schedlab.engine.drain`), when the engine dropped it."""
     give_up = give_up_ms(request)
     first = first_token_ms + output_delay_ms if first_token_ms >= 0 else -1.0
     done = finish_ms + output_delay_ms
     if aborted or done > give_up:
+        if aborted and finish_ms < give_up:  # (its connection closed then)
+            give_up = finish_ms
         return (first if 0 <= first <= give_up else -1.0), give_up, True
     return first, done, False
 

@@ -19,8 +19,9 @@ pods, 100%)`` more than at the start of the last 15 s (``scale_up_limit``, ``sca
 
 Both read only :class:`schedlab.engine.scaling.Signals`; the engine keeps their answer within
 ``min_instances`` and ``max_instances``, warms new instances for ``cold_start_s`` and drains the
-ones it removes (see :mod:`schedlab.engine.scaling`, which also states what it assumes of a
-drain against Kubernetes' and vLLM's defaults).
+ones it removes, aborting what a draining instance still holds ``drain_timeout_s`` after its
+drain began if that is set (see :mod:`schedlab.engine.scaling`, which also states what it assumes
+of a drain against Kubernetes' and vLLM's defaults, and :mod:`schedlab.engine.drain`).
 
 Warming instances on a scale-down. ``target_utilization`` counts a warming instance as HPA counts
 a ``Pending`` pod (``groupPods``: "unready"): left out of a scale-down's ratio, so ``desired =
@@ -63,6 +64,12 @@ class ScalingConfig:
     stabilization_s: float = float_field(300.0, min=0.0,
                                          help="scale down only to the highest recommendation of this many seconds "
                                               "(HPA's downscale stabilisation window, 300 s)")
+    drain_timeout_s: float | None = float_field(
+        None, min=0.0, optional=True,
+        help="seconds a draining instance has to finish what it holds; at its first iteration boundary at or "
+             "after then it aborts the rest, queued ones too, and is off (the shorter of vLLM's --shutdown-timeout "
+             "and the pod's terminationGracePeriodSeconds, 30 s by default; 0: abort at once, vLLM's default; not "
+             "for a disaggregated cluster's pools). Default: none, every request finishes however long it takes")
 
     def __attrs_post_init__(self):
         if self.max_instances is not None and self.max_instances < self.min_instances:

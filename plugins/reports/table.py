@@ -228,7 +228,14 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
         if rejected:
             lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
         timed_out = sum(r.metrics.get("timed_out", 0) for r in study.runs)
-        if timed_out:
+        # (of those, the requests an autoscaler's drain timeout aborted: schedlab.engine.drain)
+        drained = sum((r.metrics.get("fleet") or {}).get("drain_aborted", 0) for r in study.runs)
+        if timed_out and drained:
+            aborted = sum(r.metrics.get("aborted", 0) for r in study.runs)
+            lines.append(f"{study.name}: {timed_out} requests failed for their clients ({drained} aborted by the "
+                         f"autoscaler's drain timeout, fleet.drain_aborted; {timed_out - drained} timed out, their "
+                         f"clients gave up; {aborted} aborted in the engine in all; in requests.csv)")
+        elif timed_out:
             aborted = sum(r.metrics.get("aborted", 0) for r in study.runs)
             lines.append(f"{study.name}: {timed_out} requests timed out (their clients gave up; {aborted} of them "
                          "aborted in the engine; in requests.csv)")

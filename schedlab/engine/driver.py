@@ -242,6 +242,8 @@ def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=No
             break
         if t_scaling <= t_arrival:
             scaling.apply(t)
+            for pos in scaling.take_touched():  # a drain timeout set or cancelled: its next event may move
+                events.update(pos)
             continue
         if aborting:
             for pos in events.planning_at(t):

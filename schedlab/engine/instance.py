@@ -21,7 +21,7 @@ from ..errors import SimulationError, StallError
 from ..kv_window import sequence_blocks
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
-from . import bulk, run_limit
+from . import bulk, drain, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
@@ -298,6 +298,10 @@ class Instance:
         self.holds: Holds | None = None  # pipelined: requests batches in flight hold (engine.stages)
         self.stagger = None  # pipelined and planning ahead: stages.Stagger
         self.pending: PreparedRun | None = None  # a decode run planned, not yet applied (see step)
+        #: autoscaled and draining with a drain timeout (:mod:`schedlab.engine.drain`): at its first
+        #: plan at or after this time it aborts every request it holds (inf: none)
+        self.drain_at = INF
+        self.drain_aborted = 0  # requests a drain timeout aborted here
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
@@ -368,6 +372,27 @@ class Instance:
             if self.now == t:
                 self._abort_due()
 
+    def drain_by(self, t: float) -> None:
+        """Autoscaled, draining: abort every request held at the first plan at or after ``t`` (a
+        drain timeout, :mod:`schedlab.engine.drain`; inf: none, a timer cancelled). A pending run
+        is cut to the iterations that start before ``t``, as a plan knowing ``t`` would have made
+        it (the driver then reads this instance's next event again)."""
+        self.drain_at = t
+        run = self.pending
+        if run is not None and t < run.end:
+            k = run.started_before(t) if t > run.start else 1
+            if k < run.k:
+                run.k = k
+                run.end = run.start + bulk.run_ms(k, run.d0, run.inc)
+
+    def drain_kill(self) -> None:
+        """The drain timeout has come (at this plan, ``now``): every request held is aborted as if
+        its client's abort reached the engine now (:mod:`schedlab.engine.drain`)."""
+        self.drain_at = INF
+        now = self.now
+        for seq in drain.victims(self, now):
+            heapq.heappush(self.aborts, (now, drain.ORDER + seq.seq_no, seq))
+
     def _abort_due(self, plan: FastPlan | None = None, *, strictly: bool = False, upto: float | None = None) -> None:
         """Abort, at this plan, every request whose client's disconnect has arrived by now
         (vLLM: the engine core reads the aborts from its input queue between steps, frees the
@@ -388,7 +413,7 @@ class Instance:
         now = self.now
         status = seq.status
         if status == WAITING:
-            if self.running_timeout_ms and run_limit.waits_on(seq):
+            if self.running_timeout_ms and not seq.drained and run_limit.waits_on(seq):
                 return  # (the scheduler's limit, not its client: aborted once it is admitted again)
             if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
                 self.ahead.deferred.remove(seq)
@@ -492,11 +517,13 @@ class Instance:
         self.ended += 1
         if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
             seq.request = seq.transfer.request
-        if seq.server_abort:  # the scheduler's running time limit: turned away, its client answered
+        if seq.server_abort and not seq.drained:  # the scheduler's running time limit: turned away, its client answered
             self.rec.reject(seq, self.index, self.running_timeout_reason, at=t)
             if self.track_finished:
                 self.finished.append((seq.request, t))
         else:
+            if seq.drained:  # (a drain timeout's: engine.drain)
+                self.drain_aborted += 1
             self.rec.request_done(seq, self.index, t, aborted=True)
         if self._on_finish is not None:
             self._on_finish(seq, t)
@@ -1043,7 +1070,8 @@ class Instance:
         if self.pending is not None:
             return self.pending.end, 0
         if self.asleep:  # a disaggregated instance's stage may wake it first (next_plan_time)
-            return (self.sleep_wake if self.stage is None else self.next_plan_time()), 1
+            wake = self.sleep_wake if self.stage is None else self.next_plan_time()
+            return (wake if wake < self.drain_at else max(self.drain_at, self.now)), 1
         return (self.now, 1) if self.has_work() else (INF, 1)
 
     def step(self) -> None:
@@ -1061,18 +1089,25 @@ class Instance:
             return
         stage = self.stage
         if self.asleep:
-            self.wake(self.sleep_wake if stage is None else self.next_plan_time())
+            wake = self.sleep_wake if stage is None else self.next_plan_time()
+            self.wake(wake if wake < self.drain_at else self.drain_at)
+        if self.drain_at <= self.now:  # its drain timeout has come: it aborts what it holds (engine.drain)
+            self.drain_kill()
+        drain_at = self.drain_at
         abort_at = self.next_abort() if self.aborts else INF
         if abort_at <= self.now and not self._aborts_at_plan_time():  # (else the plan does: _plan_ahead)
             self._abort_due()
             abort_at = self.next_abort()
         while True:
-            limit = abort_at  # an abort, like an arrival, ends a run of iterations
+            # an abort, like an arrival, ends a run of iterations; a drain timeout at the first
+            # iteration's end at or after it
+            limit = abort_at if abort_at < drain_at else drain_at
             if stage is not None:  # disaggregated: the flow's part at this boundary (engine.disagg)
                 stage.before_plan(self)
             plan = self._plan() if self.ahead is None else self._plan_ahead()
             if abort_at <= self.now:  # (planning ahead: the plan applied those due)
-                abort_at = limit = self.next_abort()
+                abort_at = self.next_abort()
+                limit = abort_at if abort_at < drain_at else drain_at
             if stage is not None:
                 stage.after_plan(self, plan)
                 nxt = stage.next_time()  # a run stops where a transfer lands or blocks come back
@@ -1094,7 +1129,7 @@ class Instance:
                 wake = abort_at
             if not plan.preempted and (wake if wake < limit else limit) > self.now:
                 self.asleep = True  # inf: only an arrival wakes it (a stall when none is left)
-                self.sleep_wake = wake
+                self.sleep_wake = wake  # (or its drain timeout: next_event)
                 return
         self.empty_plans = 0
         self.events += 1

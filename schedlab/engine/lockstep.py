@@ -175,6 +175,9 @@ class Deployment:
 
     pending = None  # no pending runs: the routers' views read the ranks' steps as they are
     index = 0       # the deployment's number in the run (its ranks have their own)
+    #: autoscaled, draining with a drain timeout (:mod:`schedlab.engine.drain`): every rank aborts
+    #: what it holds at the ranks' first step at or after this time (inf: none)
+    drain_at = INF
 
     def _init_deployment(self, index: int) -> None:
         self.index = index
@@ -199,6 +202,24 @@ class Deployment:
     @property
     def aborts(self) -> bool:
         return any(r.aborts for r in self.members)
+
+    def drain_by(self, t: float) -> None:
+        """Autoscaled, draining: every rank aborts what it holds at the first step at or after
+        ``t`` (a drain timeout, :mod:`schedlab.engine.drain`; inf: none, a timer cancelled)."""
+        self.drain_at = t
+
+    @property
+    def drain_aborted(self) -> int:
+        """Requests a drain timeout aborted on the deployment's ranks."""
+        return sum(r.drain_aborted for r in self.members)
+
+    def _drain_due(self) -> None:
+        """At a step's plans (``self.now``): once the drain timeout has come, every rank aborts
+        what it holds, as if each client's abort reached it now."""
+        if self.drain_at <= self.now:
+            self.drain_at = INF
+            for r in self.members:
+                r.drain_kill()
 
     def _released(self, start: float) -> None:
         """The step from ``start`` has run, to ``self.now``: what its ranks' iterations give back
@@ -294,6 +315,7 @@ class DataParallelCluster(Deployment):
         ``stop_on_finish``) or ``"blocked"`` (work is left, nothing is planned, no wake-up)."""
         empty = 0
         while self.now < until:
+            self._drain_due()
             for inst in self.ranks:  # each engine core reads its aborts before it plans
                 if inst.aborts and inst.next_abort() <= self.now and not inst._aborts_at_plan_time():
                     inst._abort_due()  # (planning ahead, the plan does: Instance._plan_ahead)
@@ -314,7 +336,7 @@ class DataParallelCluster(Deployment):
                 wake = min((p.wake for p in plans if p.wake is not None), default=INF)
                 if any(p.preempted for p in plans) or wake <= self.now:
                     continue  # plan again at once
-                target = min(wake, until, self.next_abort())  # an abort may free what a rank waits for
+                target = min(wake, until, self.next_abort(), self.drain_at)  # an abort may free what a rank waits for
                 if target == INF:
                     return "blocked"
                 self._move_to(target)
@@ -332,7 +354,7 @@ class DataParallelCluster(Deployment):
         waits for an arrival."""
         if not self.has_work():
             return INF, 1
-        return (self.sleep_wake if self.asleep else self.now), 1
+        return (min(self.sleep_wake, max(self.drain_at, self.now)) if self.asleep else self.now), 1
 
     def act_until(self, t: float) -> tuple[float, int]:
         """Step while the ranks plan before an arrival at ``t``; the next event then."""
@@ -363,9 +385,10 @@ class DataParallelCluster(Deployment):
         """At :meth:`next_event`'s time: abort what is due, plan every rank and run the step (a
         run of them ending before ``until``), or sleep until a rank's wake-up or abort."""
         if self.asleep:
-            self.catch_up(self.sleep_wake)
+            self.catch_up(min(self.sleep_wake, self.drain_at))
         empty = 0
         while True:
+            self._drain_due()
             for inst in self.ranks:
                 if inst.aborts and inst.next_abort() <= self.now and not inst._aborts_at_plan_time():
                     inst._abort_due()  # (planning ahead, the plan does: Instance._plan_ahead)
@@ -414,6 +437,8 @@ class DataParallelCluster(Deployment):
         abort = self.next_abort()
         if abort < until:  # an abort, like an arrival, ends a run of steps
             until = abort
+        if self.drain_at < until:  # so does a drain timeout, at the first step's end at or after it
+            until = self.drain_at
         working = [not p.is_empty() for p in plans]
         batches = [rank_batch(inst, p) if w else DUMMY for inst, p, w in zip(ranks, plans, working)]
         # a rank computing nothing (idle, or only swapping) runs the dummy batch (and its swaps)

@@ -114,6 +114,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.last_landing = -INF
         self._blocked = False      # planned nothing, with no wake-up: waits for an arrival
         self._quiet = None         # it ran out of work then (None: it has work, or got a request since)
+        self.drain_at = INF        # autoscaled, draining: it aborts what it holds at its first launch from then
         if inst.meter is not None and not callable(getattr(inst.meter, "launch", None)):
             raise TypeError("a pipelined instance is metered stage by stage: its meter must be a PipelineMeter")
         inst.running_view = VisibleRunning(inst.running)
@@ -145,6 +146,17 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         the time the driver told it to wait for."""
         return self.now if self._quiet is None else self._quiet
 
+    def drain_by(self, t: float) -> None:
+        """Autoscaled, draining: abort every request held at the first launch at or after ``t`` (a
+        drain timeout, :mod:`schedlab.engine.drain`; inf: none, a timer cancelled); batches in
+        flight then land without them. One waiting for an arrival wakes then."""
+        self.drain_at = t
+        self._blocked = False
+
+    @property
+    def drain_aborted(self) -> int:
+        return self.inst.drain_aborted
+
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance about to launch at ``t``
         aborts what is due by then (routers see the aborted requests gone); one waiting for a
@@ -170,7 +182,9 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         an arrival (idle, or blocked: work left, nothing planned, no wake-up)."""
         if not self.to_plan:
             return self.now, 0
-        if self._blocked or not self.inst.has_work():
+        # (batches still in flight whose requests all left -- aborted, a drain timeout's too -- land
+        # at the launches that follow: not idle)
+        if self._blocked or not (self.inst.has_work() or self.flights):
             return INF, 1
         return self.now, 1
 
@@ -207,6 +221,9 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             if self.now >= until:
                 return "until"
             inst.now = self.now
+            if self.drain_at <= self.now:  # its drain timeout has come: it aborts what it holds (engine.drain)
+                self.drain_at = INF
+                inst.drain_kill()
             if inst.aborts and inst.next_abort() <= self.now:  # vLLM reads aborts before it schedules
                 inst._abort_due()
             plan = None
@@ -252,6 +269,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             abort = inst.next_abort() if inst.aborts else INF
             if abort < target:  # an abort wakes it (as an arrival would): it may free what the plan waits for
                 target = abort
+            if self.drain_at < target:  # and its drain timeout
+                target = self.drain_at
             if plan.preempted or target <= self.now:
                 continue
             if target == INF:

@@ -171,6 +171,8 @@ def pool_scaling(prefill: Sequence, decode: Sequence, policies: dict, limits: di
     for name in POOLS:
         if policies.get(name) is None:
             continue
+        if limits[name].drain_timeout_ms is not None:  # (refused when the file is read: simulation.py)
+            raise ValueError(f"a drain timeout is not modelled for a disaggregated cluster's {name} pool")
         mine = instances[name]
         holding = (lambda i, mine=mine: _handed_on(mine[i]) > 0) if name == "prefill" else None
         met = None if judge is None else judge() if name == "prefill" else judge(ttft=False)

@@ -25,7 +25,7 @@ from .plan import (Refusals, admit_count_error, ask_scheduler, capped_slots, cap
                    check_reason, check_wake, kv_for, limit_hook, model_len_limit, prefix_hits, refusal,
                    rejection_hook)
 from .load import Release, load
-from . import run_limit
+from . import drain, run_limit
 from .recorder import Recorder
 from .stall import check_kv_counts, stall_message
 from .stages import Stagger
@@ -62,6 +62,7 @@ class RefSequence:
         self.draft_k = -1  # drafts per batch size: the drafts its next decode verifies (-1: the plan's k)
         self.server_abort = False  # the scheduler's running time limit: its abort entry is next (engine.run_limit)
         self.overdue = False  # ... which came while it waited
+        self.drained = False  # its autoscaled instance's drain timeout aborts it (engine.drain)
 
     @property
     def num_tokens(self) -> int:
@@ -609,6 +610,10 @@ class ReferenceEngine:
         self.held_to_landing = 0  # blocks aborts heard at a pipeline's landing freed (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
+        #: autoscaled and draining with a drain timeout (:mod:`schedlab.engine.drain`): at its first
+        #: plan at or after this time it aborts every request it holds (inf: none)
+        self.drain_at = math.inf
+        self.drain_aborted = 0  # requests a drain timeout aborted here
         self.ahead = Ahead() if plans_ahead(scheduler) else None  # asynchronous scheduling (engine.ahead)
         #: planning ahead, the drafts in flight count as computed (engine.ahead, Ahead.phantom)
         self.drafts_ahead = counts_drafts_ahead(scheduler, speculation)
@@ -647,7 +652,7 @@ class ReferenceEngine:
         if self.role is not None:
             t = min(t, self.role.next_time())
         pending = [at for at, _, seq in self.aborts if seq.status not in ("finished", "aborted")]
-        t = min([t] + pending)
+        t = min([t, self.drain_at] + pending)
         return max(t, self.now)
 
     def wake(self, t: float) -> None:
@@ -696,12 +701,28 @@ class ReferenceEngine:
         self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
         return seq
 
+    def drain_by(self, t: float) -> None:
+        """Autoscaled, draining: abort every request held at the first plan at or after ``t`` (a
+        drain timeout, :mod:`schedlab.engine.drain`; inf: none, a timer cancelled)."""
+        self.drain_at = t
+
+    def drain_kill(self) -> None:
+        """The drain timeout has come (at this plan, ``now``): every request held is aborted as if
+        its client's abort reached the engine now (:mod:`schedlab.engine.drain`)."""
+        self.drain_at = math.inf
+        now = self.now
+        for seq in drain.victims(self, now):
+            self.aborts.append([now, drain.ORDER + seq.seq_no, seq])
+
     # -- one iteration ----------------------------------------------------------------------------
     def step(self) -> None:
         """Abort what is due, then plan at ``now``; run the iteration, or sleep if the plan is empty.
         (vLLM's engine core reads aborts before it schedules: a request that lands or whose
         blocks come back meets a batch its aborted neighbours have left. Planning ahead, the plan
-        does it: :meth:`_plan`.)"""
+        does it: :meth:`_plan`.) A drain timeout that has come aborts everything first
+        (:mod:`schedlab.engine.drain`)."""
+        if self.drain_at <= self.now:
+            self.drain_kill()
         if not self._aborts_at_plan_time():
             self.abort_due()
         if self.role is not None:
@@ -829,7 +850,7 @@ class ReferenceEngine:
     def _abort_one(self, seq, plan: RefPlan | None = None) -> None:
         """Abort ``seq`` now, wherever it is (:meth:`abort_due`)."""
         if seq.status == "waiting":
-            if self.running_timeout_ms and run_limit.waits_on(seq):
+            if self.running_timeout_ms and not seq.drained and run_limit.waits_on(seq):
                 return  # (the scheduler's limit, not its client: aborted once it is admitted again)
             if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
                 self.ahead.deferred.remove(seq)
@@ -899,8 +920,10 @@ class ReferenceEngine:
             computed = set(decoders) | {s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens}
         if self.to_finish:  # (aborted already: its client and the scheduler's time limit, engine.run_limit)
             computed -= self.to_finish
+        # (not one aborted already, after the plan made ahead: a second entry of a request -- its
+        # client's and a drain timeout's, engine.drain -- finds it gone, as the fast engine's does)
         hit = sorted((a for a in self.aborts if (a[0] <= self.now if loop_top else self.now < a[0] < end)
-                      and a[2] in computed), key=lambda a: (a[0], a[1]))
+                      and a[2] in computed and a[2].status != "aborted"), key=lambda a: (a[0], a[1]))
         if self.ahead is None:
             for entry in hit:
                 self.aborts.remove(entry)
@@ -952,9 +975,11 @@ class ReferenceEngine:
             seq.request = seq.transfer.request
         for a, b in zip(seq.token_times, seq.token_times[1:]):
             self.rec.itl(b - a)
-        if seq.server_abort:  # the scheduler's running time limit: turned away, its client answered
+        if seq.server_abort and not seq.drained:  # the scheduler's running time limit: turned away, its client answered
             self.rec.reject(seq, self.index, self.running_timeout_reason, at=t)
         else:
+            if seq.drained:  # (a drain timeout's: engine.drain)
+                self.drain_aborted += 1
             self.rec.request_done(seq, self.index, t, aborted=True)
         on_finish = getattr(self.scheduler, "on_finish", None)
         if on_finish is not None:

@@ -143,6 +143,8 @@ class ReferenceCluster:
         arrival, as :meth:`next_other` says; a subclass's events may come later)."""
         if self.scaling is not None and self._arrivals_left and self.scaling.next_time() <= t:
             self.scaling.apply(t)
+            for i in self.scaling.take_touched():  # a drain timeout set or cancelled: its next plan may move
+                self.plans.update(self.instances[i])
 
     def next_other(self) -> float:
         return self.scaling.next_time() if self.scaling is not None and self._arrivals_left else INF

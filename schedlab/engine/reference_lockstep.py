@@ -85,7 +85,7 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         if self.asleep_until is None:
             return self.now
         aborts = [at for e in self.instances for at, _, seq in e.aborts if seq.status not in ("finished", "aborted")]
-        return max(min([self.asleep_until] + aborts), self.now)
+        return max(min([self.asleep_until, self.drain_at] + aborts), self.now)
 
     def wake(self, t: float) -> None:
         self._wait_until(t)
@@ -120,7 +120,9 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
                 raise StallError("reference engine: the schedulers keep planning empty steps")
 
     def run_step(self) -> bool:
-        """Abort what is due, plan every rank and run the step; False when nobody planned anything."""
+        """Abort what is due (everything, once a drain timeout has come: :mod:`schedlab.engine.drain`),
+        plan every rank and run the step; False when nobody planned anything."""
+        self._drain_due()
         for e in self.instances:
             if not e._aborts_at_plan_time():  # (planning ahead, the plan does: ReferenceEngine._plan)
                 e.abort_due()

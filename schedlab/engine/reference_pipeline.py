@@ -100,12 +100,22 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
+        self.drain_at = INF       # autoscaled, draining: it aborts what it holds at its first launch from then
         engine.in_flight = {}
         engine.holds = Holds()
 
     # -- what the cluster calls (what it reads comes from instance_view) ------------------------------
     def arrive(self, request, seq_no: int):
         return self.e.arrive(request, seq_no)
+
+    def drain_by(self, t: float) -> None:
+        """Autoscaled, draining: abort every request held at the first launch at or after ``t`` (a
+        drain timeout, :mod:`schedlab.engine.drain`; inf: none, a timer cancelled)."""
+        self.drain_at = t
+
+    @property
+    def drain_aborted(self) -> int:
+        return self.e.drain_aborted
 
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance that launches next (none
@@ -135,7 +145,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         if self.sleep_until is None:
             return self.e.now
         pending = [at for at, _, seq in self.e.aborts if seq.status not in ("finished", "aborted")]
-        return max(min([self.sleep_until] + pending), self.e.now)
+        return max(min([self.sleep_until, self.drain_at] + pending), self.e.now)
 
     def next_landing(self) -> float:
         """When its oldest batch lands; inf while a launch is due: after a landing the instance
@@ -152,9 +162,12 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
 
     # -- launching and landing -------------------------------------------------------------------
     def step(self) -> None:
-        """Abort what is due, then launch batches until ``stages`` are in flight or the
-        scheduler plans nothing."""
+        """Abort what is due (everything, once a drain timeout has come: :mod:`schedlab.engine.drain`),
+        then launch batches until ``stages`` are in flight or the scheduler plans nothing."""
         e = self.e
+        if self.drain_at <= e.now:
+            self.drain_at = INF
+            e.drain_kill()
         e.abort_due()
         plan = None
         while len(self.flights) < self.depth:

@@ -56,8 +56,9 @@ def waits_on(seq) -> bool:
 
 def stays_queued(seq, status: str) -> bool:
     """Whether an abort entry of ``seq``, which has come, leaves it where it is: this limit's
-    entry of a waiting request (routers count it as staying)."""
-    return status == "waiting" and seq.server_abort
+    entry of a waiting request (routers count it as staying) -- not one a drain timeout aborts
+    (:mod:`schedlab.engine.drain`)."""
+    return status == "waiting" and seq.server_abort and not seq.drained
 
 
 def limits_running(instances) -> bool:

@@ -11,25 +11,37 @@ own event times (before an arrival at the same time):
   themselves, ``schedlab_plugins.autoscalers.HPANormalizer``);
 * more: instances that are off start *warming*, and serve -- join the router's pool -- only
   ``cold_start_ms`` later (Kubernetes' pod start, the engine loading its weights); an instance
-  still draining is taken back first, at once (it never stopped);
+  still draining is taken back first, at once (it never stopped) -- but not one whose drain
+  timeout has come (it is being stopped: another is warmed);
 * fewer: warming instances are cancelled first (newest first), then serving ones *drain*
   (highest index first): they leave the router's pool at once but finish every request they
-  hold, and are off -- no longer paid for -- when their last iteration ends. No request is lost.
+  hold, and are off -- no longer paid for -- when their last iteration ends. No request is lost;
+* with a *drain timeout* (``drain_timeout_ms``, ``[cluster.autoscaler] drain_timeout_s``; None,
+  the default: none), a draining instance still holding requests that long after its drain
+  began aborts them all, running and queued, at its first plan at or after that time (an
+  iteration in progress runs to its end), and is off then (:mod:`schedlab.engine.drain`: the
+  rules, and how the aborts are counted -- ``drain_aborted`` in the summary). A draining instance
+  taken back before its timeout keeps serving and its timer is cancelled; one that empties
+  before it goes off as without a timeout.
 
-Two assumptions there are not Kubernetes' and vLLM's defaults (a run models a deployment set up
-for them):
+Two assumptions of the default are not Kubernetes' and vLLM's defaults (a run models a
+deployment set up for them):
 
 * a *graceful drain that finishes every request*, however long it takes. Kubernetes removes a pod
   by sending SIGTERM and kills it ``terminationGracePeriodSeconds`` later (30 s by default), and
   vLLM's ``--shutdown-timeout`` defaults to 0, "abort": on SIGTERM it aborts what it holds
-  (vLLM 0.33 ``EngineCore._handle_shutdown``; a timeout above 0 drains for that long, then
-  aborts). The run models vLLM with ``--shutdown-timeout`` and the pod's grace period at least
-  its longest request: with the defaults, the requests a scale-down catches would fail instead;
+  (vLLM 0.33 ``EngineCore._handle_shutdown``, at the top of its busy loop; a timeout above 0
+  drains for that long, then aborts). By default the run models vLLM with ``--shutdown-timeout``
+  and the pod's grace period at least its longest request; a drain timeout models the others:
+  the shorter of the two (30: the grace period, vLLM's timeout above it; 0: vLLM's default,
+  every request a scale-down catches fails at once). A pod killed mid-iteration is modelled as
+  stopped at that iteration's end (its tokens count), within an iteration of the kill;
 * a *draining instance taken back at once*. A pod marked for deletion cannot be revived: a
   scale-up during its drain creates a new pod, which pays a whole cold start. Here the instance
-  serves again at once, as if its deletion could be called off. Under a load that swings within
-  a drain this understates cold starts; a smooth day has none to take back (the first 8 hours of
-  ``experiments/fleet_day.toml``: 30 cold starts, no instance taken back).
+  serves again at once, as if its deletion could be called off (with a drain timeout: only
+  before the timeout). Under a load that swings within a drain this understates cold starts; a
+  smooth day has none to take back (the first 8 hours of ``experiments/fleet_day.toml``: 30 cold
+  starts, no instance taken back).
 
 Instances are paid for (GPU-hours) from the moment they start warming until they are off; the
 controller keeps those intervals and the decisions (``history``) for the results, and switches
@@ -43,19 +55,25 @@ optional member (a third-party plugin) keeps its prefixes instead; the summary c
 switch-offs (``caches_kept``, 0 when every cache was reset) rather than warning, so that the
 results say so wherever the run went (a worker process, a Ray task). The instances still on when
 the run ends are not reset: their caches are left as the run left them. The router sees the
-serving instances as a list that changes when they do: a router that remembers positions (prefix
-affinity's homes) finds them renumbered; ``vllm_dp`` keys its load snapshot by each view's
-``index`` and reads it again when the list changes, and a router whose settings name instances by
+serving instances as a list that changes when they do: a router that remembered positions would
+find them renumbered, so ``prefix_affinity`` and ``weighted`` key what they remember by each view's
+``index`` and forget an instance that leaves, ``vllm_dp`` keys its load snapshot by ``index`` and
+reads it again when the list changes, and a router whose settings name instances by
 number (``class``, ``names_instances``) is refused with an autoscaler when the file is read.
 
 Pipelined instances (:mod:`schedlab.engine.pipeline`, :mod:`schedlab.engine.reference_pipeline`)
 scale the same way (:func:`pipeline_scaling`): a draining one keeps landing its batches in flight
 and serving its queue, and is off from its last landing or abort once nothing is in flight or queued.
 Its stages share one KV cache object (each stage holds its layers' part of the same blocks), which
-is reset as a colocated instance's is.
+is reset as a colocated instance's is. A drain timeout aborts at its first launch at or after
+the deadline; its batches in flight then land without the aborted requests, and it is off at
+the last landing.
 Data-parallel deployments scale whole (:func:`deployment_scaling`): a draining one's ranks keep
 stepping together until they hold nothing, and it is off from the end of its last step; every
-rank's cache is reset then (``DeploymentKV.reset_prefix_cache``).
+rank's cache is reset then (``DeploymentKV.reset_prefix_cache``). A drain timeout aborts what
+every rank holds at the ranks' first step at or after the deadline. Both engines' drivers read an
+instance's next event again when its timer is set or cancelled (:meth:`ScalingController.take_touched`).
+A disaggregated cluster's pools (:mod:`schedlab.engine.pool_scaling`) take no drain timeout.
 """
 
 from __future__ import annotations
@@ -98,6 +116,9 @@ class ScalingLimits:
     interval_ms: float
     cold_start_ms: float
     window_ms: float
+    #: a draining instance still holding requests this long after its drain began aborts them
+    #: (``[cluster.autoscaler] drain_timeout_s``); None: it finishes them, however long it takes
+    drain_timeout_ms: float | None = None
 
 
 @attrs.frozen
@@ -135,6 +156,12 @@ class ScalingController:
                  tracked: bool = True, holding=None, idle_since=None):
         if limits.max_instances != len(instances):
             raise ValueError("the cluster is built with max_instances instances")
+        timeout = limits.drain_timeout_ms
+        if timeout is not None and not timeout >= 0.0:
+            raise ValueError(f"a drain timeout must be >= 0 ms, got {timeout!r}")
+        if timeout is not None and not all(callable(getattr(inst, "drain_by", None)) for inst in instances):
+            raise ValueError(f"{type(instances[0]).__name__} instances cannot abort what they hold at a drain "
+                             "timeout (no drain_by)")
         self.policy = policy
         self.limits = limits
         self.instances = list(instances)
@@ -154,6 +181,9 @@ class ScalingController:
             if s == OFF and self.meters[i] is not None:
                 self.meters[i].switch_off(0.0)
         self.drain_from = [None] * n
+        self.deadline = [INF] * n  # a draining instance's drain timeout: it aborts what it holds then
+        self.drains: list[list] = []  # with a drain timeout: [instance, start, deadline, taken back at or None]
+        self.touched: list[int] = []  # instances whose deadline changed since the driver last looked
         self.intervals: list[tuple[int, float, float]] = []   # (instance, on, off)
         self.history: list[tuple] = [(0.0, limits.initial, 0, 0, limits.initial)]
         self.next_tick = limits.interval_ms
@@ -247,6 +277,8 @@ class ScalingController:
         return self.instances[i].now if self.idle_since is None else self.idle_since(i)
 
     def _off(self, i: int, t: float) -> None:
+        if self.deadline[i] < INF:  # (drained before its timeout, or its requests aborted at it)
+            self._set_deadline(i, INF)
         self.intervals.append((i, self.since[i], t))
         self.state[i] = OFF
         self.since[i] = self.drain_from[i] = None
@@ -291,9 +323,14 @@ class ScalingController:
     def _scale_up(self, more: int, t: float) -> bool:
         self.scale_ups += 1
         changed = False
-        for i in sorted((i for i, s in enumerate(self.state) if s == DRAINING), reverse=True)[:more]:
+        # (one whose drain timeout has come is being stopped: it aborts what it holds at its next plan)
+        for i in sorted((i for i, s in enumerate(self.state) if s == DRAINING and self.deadline[i] > t),
+                        reverse=True)[:more]:
             self.state[i] = SERVING  # still running: it serves again at once
             self.drain_from[i] = None
+            if self.deadline[i] < INF:  # its timer is cancelled
+                self._set_deadline(i, INF)
+                next(d for d in reversed(self.drains) if d[0] == i)[3] = t
             more -= 1
             changed = True
         for i in [i for i, s in enumerate(self.state) if s == OFF][:more]:
@@ -315,17 +352,35 @@ class ScalingController:
             self.ready_at[i] = INF
             fewer -= 1
         changed = False
+        timeout = self.limits.drain_timeout_ms
         for i in sorted((i for i, s in enumerate(self.state) if s == SERVING), reverse=True)[:fewer]:
             self.state[i] = DRAINING
             self.drain_from[i] = t
+            if timeout is not None:
+                self._set_deadline(i, t + timeout)
+                self.drains.append([i, t, t + timeout, None])
             changed = True
         return changed
+
+    def _set_deadline(self, i: int, t: float) -> None:
+        """Instance ``i`` aborts what it holds at its first plan at or after ``t`` (inf: never)."""
+        self.deadline[i] = t
+        self.instances[i].drain_by(t)
+        self.touched.append(i)
+
+    def take_touched(self) -> list[int]:
+        """The instances whose drain deadline was set or cancelled since the last call (their next
+        events may have moved: the drivers look again), in index order."""
+        touched, self.touched = self.touched, []
+        return sorted(set(touched))
 
     def finish(self, end: float | None = None) -> dict[str, Any]:
         """The run is over (every instance idle): close the paid intervals -- those still on at
         ``end`` (default: the last time any of these instances worked, :meth:`_quiet_since`; a
         disaggregated cluster's pools close at the cluster's end) -- and summarise (``caches_kept``:
-        switch-offs that kept a cache without ``reset_prefix_cache``)."""
+        switch-offs that kept a cache without ``reset_prefix_cache``; with a drain timeout,
+        ``drain_aborted``, the requests it aborted, and ``drains``: each drain's instance, start,
+        deadline and when a scale-up took it back, or None)."""
         if end is None:
             end = max((self._quiet_since(i) for i in range(len(self.instances))), default=0.0)
         for i, s in enumerate(self.state):
@@ -336,10 +391,14 @@ class ScalingController:
             elif s == WARMING:
                 self._off(i, max(end, self.since[i]))
         gpu_ms = sum((off - on) * self.gpus[i] for i, on, off in self.intervals)
-        return {"intervals": [list(x) for x in sorted(self.intervals, key=lambda x: (x[1], x[0]))],
-                "history": [list(h) for h in self.history], "gpu_hours": gpu_ms / 3.6e6,
-                "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end,
-                "caches_kept": self.caches_kept}
+        summary = {"intervals": [list(x) for x in sorted(self.intervals, key=lambda x: (x[1], x[0]))],
+                   "history": [list(h) for h in self.history], "gpu_hours": gpu_ms / 3.6e6,
+                   "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end,
+                   "caches_kept": self.caches_kept}
+        if self.limits.drain_timeout_ms is not None:  # (only then: a run without one is as before)
+            summary["drain_aborted"] = sum(inst.drain_aborted for inst in self.instances)
+            summary["drains"] = [list(d) for d in self.drains]
+        return summary
 
 
 def pipeline_scaling(policy, limits: ScalingLimits, pipelines: Sequence, clock, **kwargs) -> ScalingController:

@@ -43,7 +43,7 @@ class Sequence:
         "last_token_ms", "waiting_since", "waiting_ms", "recomputed_tokens", "prefill_chunks",
         "cached_tokens_total", "plan_mark", "hit_memo", "num_swaps", "spec_state", "transfer",
         "energy_j", "energy_anchor", "cache_lag", "dec_tick", "lag_tick", "decode_due",
-        "token_ready_ms", "draft_k", "run_no", "server_abort", "overdue",
+        "token_ready_ms", "draft_k", "run_no", "server_abort", "overdue", "drained",
     )
 
     def __init__(self, request: "Request", seq_no: int, clock: DecodeClock):
@@ -82,6 +82,7 @@ class Sequence:
         self.token_ready_ms = -math.inf  # ... and when its latest token is back from the last stage
         self.server_abort = False  # the scheduler's running time limit: its abort entry is next (engine.run_limit)
         self.overdue = False       # ... which came while it waited
+        self.drained = False       # its autoscaled instance's drain timeout aborts it (engine.drain)
         self.draft_k = -1        # drafts per batch size: the drafts its next decode verifies (-1: the plan's k)
         self.run_no = 0          # its place in the running list (Instance.enter_running): finishing order
         self.energy_j = 0.0      # its shares of the energy of the iterations it took part in ([power])

@@ -88,7 +88,9 @@ METRICS: dict = {
     "cost_per_hour": None,
     "gpu_hours": None,  # GPUs paid for x hours: the whole cluster from 0 to the last finish, or autoscaled
     # optional: an autoscaled cluster (schedlab.engine.scaling)
-    "fleet": {**dict.fromkeys(FLEET), "pools": {pool: dict.fromkeys(FLEET) for pool in ("prefill", "decode")}},
+    # (drain_aborted: with a drain timeout, the requests it aborted, schedlab.engine.drain)
+    "fleet": {**dict.fromkeys(FLEET), "drain_aborted": None,
+              "pools": {pool: dict.fromkeys(FLEET) for pool in ("prefill", "decode")}},
     # optional: runs of two hours or more, by hour of arrival
     "hourly": {"*": dict.fromkeys(("requests", "slo_attainment", "gpu_hours"))},
     # optional: a search's probe with a warm-up ([search] warmup): the requests left out, those measured

@@ -753,11 +753,14 @@ def _gpus_each(meta: dict[str, Any]) -> float:
 
 def _fleet(scaling: dict[str, Any], gpu_hours: float, end_ms: float) -> dict[str, Any]:
     """An autoscaler's decisions: GPU-hours, mean GPUs, the most and fewest instances serving,
-    scale-ups and -downs."""
+    scale-ups and -downs; with a drain timeout, the requests it aborted (``drain_aborted``)."""
     serving = [h[1] for h in scaling["history"]]
-    return {"gpu_hours": gpu_hours, "mean_gpus": gpu_hours * HOUR_MS / end_ms if end_ms else 0.0,
-            "peak_serving": max(serving), "min_serving": min(serving),
-            "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
+    fleet = {"gpu_hours": gpu_hours, "mean_gpus": gpu_hours * HOUR_MS / end_ms if end_ms else 0.0,
+             "peak_serving": max(serving), "min_serving": min(serving),
+             "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
+    if "drain_aborted" in scaling:  # (schedlab.engine.drain)
+        fleet["drain_aborted"] = scaling["drain_aborted"]
+    return fleet
 
 
 def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_requests, hour_met,

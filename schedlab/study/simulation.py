@@ -112,7 +112,7 @@ class ClusterConfig:
                                             "batch in flight per stage")
     autoscaler: dict | None = table_field(None, help="an autoscaling policy (kind = 'target_utilization' or "
                                                      "'queue_length', min_instances, max_instances, cold_start_s, "
-                                                     "...): instances is then the most that can serve "
+                                                     "drain_timeout_s, ...): instances is then the most that can serve "
                                                      "(data_parallel: whole deployments; disaggregated: each pool's "
                                                      "own, in [cluster.prefill] and [cluster.decode])")
     partitions: int = int_field(1, min=1, max=MAX_INSTANCES,
@@ -1262,8 +1262,10 @@ def _check_autoscaler(policy, instances: int, key: str, workload, partitions: in
 
 def scaling_limits(config, instances: int) -> ScalingLimits:
     most = config.max_instances or instances
+    drain = getattr(config, "drain_timeout_s", None)  # (a config not subclassing ScalingConfig may lack it)
     return ScalingLimits(config.min_instances, most, config.initial or config.min_instances, config.interval_s * 1e3,
-                         config.cold_start_s * 1e3, config.window_s * 1e3)
+                         config.cold_start_s * 1e3, config.window_s * 1e3,
+                         drain_timeout_ms=None if drain is None else drain * 1e3)
 
 
 def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
@@ -1304,6 +1306,10 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
             autoscaler = build_component(ctx, "autoscaler", pool.autoscaler, f"{where} [cluster.{name}.autoscaler]")
             _check_autoscaler(autoscaler, pool.instances, f"[cluster.{name}] instances", workload, cluster.partitions,
                               f"{where} [cluster.{name}.autoscaler]")
+            if getattr(autoscaler.config, "drain_timeout_s", None) is not None:
+                raise ConfigError(f"{where} [cluster.{name}.autoscaler]: drain_timeout_s: not modelled for a "
+                                  "disaggregated pool (a draining prefill instance holds KV the decode pool has yet "
+                                  "to pull); leave it out: a draining instance then finishes what it holds")
             own = pool.router is not None
             _check_router_scales(router, f"[cluster.{name}.router]" if own else "[cluster.router]",
                                  pool.router if own else cluster.router, f"{where} [cluster.{name}.autoscaler]")
