@@ -253,12 +253,17 @@ class ScalingController:
         still holds its requests, and ``holding`` says what else it must keep: a prefill
         instance's KV not yet pulled) are off since their last iteration ended. KV blocks still
         in use keep one on too: planning ahead, the requests the last batch finished give theirs
-        back when the next plan is made, and the cache is reset only once they have."""
+        back when the next plan is made, and the cache is reset only once they have. One whose
+        clock is past the tick -- planning ahead, an iteration computed for nothing after its
+        last request left -- is still working: it goes off at a later tick (from its end), and a
+        scale-up at this one takes it back rather than warming it again (its paid intervals
+        would overlap)."""
         holding = self.holding
         views = self.all_views
+        t = self.clock.now
         for i, s in enumerate(self.state):
             if (s == DRAINING and not views[i].outstanding and not views[i].kv.num_used_blocks()
-                    and not (holding is not None and holding(i))):
+                    and not (holding is not None and holding(i)) and self._quiet_since(i) <= t):
                 self._off(i, max(self.drain_from[i], self._quiet_since(i)))
                 self._forget(i)
 
