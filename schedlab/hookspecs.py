@@ -88,7 +88,8 @@ def schedlab_register_routers(register: "Registry") -> None:
     ``usage``) -- each read O(1); it never sees what an iteration in progress will finish. That is
     all the state it may read, with what it keeps itself. The views come in a pool
     (:class:`schedlab.engine.pool.ViewPool`, a list) whose ``least_by(key, members)`` gives the
-    least loaded instance in O(log N); a router should cost O(1) or O(log N) per request -- a
+    least loaded instance in O(log N) and whose ``now`` is the routing time (a decode pool's
+    router is asked at the handoff, after the prefill; ``routing_time(request, instances)``); a router should cost O(1) or O(log N) per request -- a
     scan of all N views makes a large cluster's every arrival O(N).
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;

@@ -610,7 +610,10 @@ class Router(Protocol):
     is a :class:`schedlab.engine.pool.ViewPool`: ``instances.least_by(key, members=None)`` returns
     the position of the least view by ``key(view, position)`` (a key that does not decrease as
     KV use grows, e.g. :func:`~schedlab.engine.pool.outstanding_key`) in O(log N), from an index
-    the engine keeps up to date. ``route`` should cost O(1) or O(log N). Optional:
+    the engine keeps up to date. ``instances.now`` is the time the router is asked at: the
+    request's arrival, or for a disaggregated cluster's decode pool its prompt's handoff -- a
+    router keeping a clock of its own reads it through :func:`schedlab.engine.pool.routing_time`,
+    not ``request.arrival_ms``. ``route`` should cost O(1) or O(log N). Optional:
     ``check_cluster(n)``, called when the run is assembled, to reject settings that do not fit a
     cluster of ``n`` (a :class:`~schedlab.errors.ConfigError`; the caller puts the file and the
     table in front of its message). Optional: ``names_instances = True`` for a router whose

@@ -47,8 +47,8 @@ Here the same rule runs on the router's records, in tokens and in simulated time
   16,777,216 tokens per instance;
 * the eviction runs at every multiple of ``eviction_interval_s`` from the run's start (SGLang's
   thread sleeps the interval, then evicts, and again), before a request arriving at the same
-  time is routed; the clock is the arrival time of the request being routed (never going back;
-  a decode pool's router, asked at the handoff, runs that much late), so evictions due in a quiet
+  time is routed; the clock is the time the router is asked at (never going back): a request's
+  arrival, or for a decode pool's router its prompt's handoff (``routing_time``), so evictions due in a quiet
   spell all happen, as one, when the next request arrives -- the same result, as nothing changes
   in between. The interval defaults to the launcher's 60 s (the newest
   ``router_args.py``, ``sgl-model-gateway/bindings/python/src/sglang_router``, where the ``manual``
@@ -97,6 +97,7 @@ from typing import Any, Sequence
 import attrs
 
 from schedlab.configs import float_field, int_field, str_field
+from schedlab.engine.pool import routing_time
 
 from .balancing import least_by, least_outstanding
 
@@ -185,7 +186,7 @@ class PrefixAffinityRouter:
         self._tails: dict[int, deque] = {}  # instance index -> [stamp, tokens] of prompts' own parts, oldest first
         self._size: dict[int, int] = {}    # instance index -> tokens it holds in all of the above
         self._stamp = 0                    # requests routed: the order of use
-        self._now = -math.inf              # the clock: the latest arrival routed
+        self._now = -math.inf              # the clock: the latest routing time
         interval = self.config.eviction_interval_s * 1000.0
         self._interval = interval if interval > 0 else math.inf
         self._next_eviction = self._interval
@@ -193,8 +194,9 @@ class PrefixAffinityRouter:
         self._positions: dict[int, int] = {}  # instance index -> its position in that list
 
     def route(self, request, instances: Sequence) -> int:
-        if request.arrival_ms > self._now:
-            self._now = request.arrival_ms
+        now = routing_time(request, instances)
+        if now > self._now:
+            self._now = now
         if self._now >= self._next_eviction:
             self._evict()
             self._next_eviction = (math.floor(self._now / self._interval) + 1) * self._interval

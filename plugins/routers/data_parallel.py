@@ -48,6 +48,7 @@ from typing import Sequence
 import attrs
 
 from schedlab.configs import float_field, str_field
+from schedlab.engine.pool import routing_time
 
 WAITING_WEIGHT = 4  # vLLM 0.19: score = waiting * 4 + running
 KV_PENALTY = 6.0    # vLLM 0.33: score += waiting * 6 * max(0, kv_cache_usage - 0.5)
@@ -78,7 +79,7 @@ class DataParallelRouter:
         self._start = 0                # v0.33: where the next scan starts
 
     def route(self, request, instances: Sequence) -> int:
-        now = request.arrival_ms
+        now = routing_time(request, instances)
         members = [view.index for view in instances]
         if members != self._members or now >= self._taken_at + self.config.stats_interval_ms:
             if self._new:

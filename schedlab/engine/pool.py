@@ -27,6 +27,7 @@ each other in lockstep) answers by scanning, O(N).
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Sequence
 
 #: Heap entries beyond this multiple of the members (plus a constant) trigger a rebuild.
@@ -97,6 +98,15 @@ class LoadIndex:
             heapq.heapreplace(heap, (now, pos))
 
 
+def routing_time(request, instances) -> float:
+    """When a router is asked about ``request``: the pool's routing time (:attr:`ViewPool.now`),
+    or the request's arrival for a plain list of views (a router driven by hand, as in tests).
+    A router keeping its own clock reads this, not ``request.arrival_ms``: a decode pool's
+    router is asked at the handoff, a whole prefill after the arrival."""
+    now = getattr(instances, "now", None)
+    return request.arrival_ms if now is None or now == -math.inf else now
+
+
 class ViewPool(list):
     """The views of one pool of instances, in the pool's order, with load indexes.
 
@@ -112,6 +122,12 @@ class ViewPool(list):
         self._ends: list = []  # (end of an iteration in progress, position)
         self._end_of = [None] * len(views)  # the end last put in _ends, per position
         self._releases = [view._inst.release for view in views]
+
+    @property
+    def now(self) -> float:
+        """The time the router is asked at: a request's arrival for a colocated or prefill pool,
+        its prompt's handoff (the KV ready to move) for a decode pool."""
+        return self.clock.now
 
     def changed(self, pos: int) -> None:
         """Instance ``pos`` changed (O(1) per index); its iteration in progress, if any, is
