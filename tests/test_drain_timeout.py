@@ -42,6 +42,7 @@ from schedlab_plugins.power import FixedActiveConfig, FixedActivePowerModel
 from schedlab_plugins.routers import LeastOutstandingRouter, RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
+from schedlab_plugins.schedulers.tgi import TgiConfig, TgiScheduler
 
 from test_cold_restart import make_cache
 from test_data_parallel import rank
@@ -384,18 +385,21 @@ def agree(fast, ref, requests, *, rel=0.0, ranks=1, clients_give_up=False, **che
 @st.composite
 def colocated(draw):
     """2-3 instances: vLLM's scheduler (synchronous, or planning ahead) on a paged or prefix cache
-    (a host tier, swap space), or SGLang's (its overlap loop, running and waiting time limits,
-    a queue limit) on its radix tree; requests sharing two system prompts."""
+    (a host tier, swap space), SGLang's (its overlap loop, running and waiting time limits,
+    a queue limit) on its radix tree, or TGI's (chunked prefill or not) on its prefix cache;
+    requests sharing two system prompts."""
     n = draw(st.integers(2, 3))
     case = draw(loads(n, prefix_groups=2))
-    kind = draw(st.sampled_from(["paged", "prefix", "radix", "sglang"]))
-    swap = draw(st.sampled_from([0, 8])) if kind != "radix" and kind != "sglang" else 0
+    kind = draw(st.sampled_from(["paged", "prefix", "radix", "sglang", "tgi"]))
+    swap = draw(st.sampled_from([0, 8])) if kind in ("paged", "prefix") else 0
     sglang = draw(sglang_configs()) if kind == "sglang" else None
+    tgi = TgiConfig(prefill_chunking=draw(st.booleans()), max_batch_prefill_tokens=draw(st.sampled_from([16, 64])),
+                    waiting_served_ratio=draw(st.sampled_from([0.0, 1.2]))) if kind == "tgi" else None
     continuous = ContinuousConfig(max_num_seqs=draw(st.sampled_from([1, 1, 2, 4])),  # (queues at the drains)
                                   max_num_batched_tokens=draw(st.sampled_from([16, 64])), allocation="grow",
                                   chunked_prefill=True, preemption="swap" if swap else "recompute",
                                   async_scheduling=not swap and draw(st.booleans()))
-    return dict(case, n=n, kind="radix" if kind == "sglang" else kind, swap=swap, sglang=sglang,
+    return dict(case, n=n, kind={"sglang": "radix", "tgi": "prefix"}.get(kind, kind), swap=swap, sglang=sglang, tgi=tgi,
                 continuous=continuous, host=draw(st.sampled_from([0, 0, 8])) if kind == "prefix" else 0,
                 blocks=blocks_for_largest(case["requests"], 4) + draw(st.integers(0, 24)))
 
@@ -407,6 +411,7 @@ def test_both_engines_abort_colocated_drains_alike(case):
     def run(engine):
         def make():
             scheduler = (SglangScheduler(case["sglang"]) if case["sglang"] is not None
+                         else TgiScheduler(case["tgi"]) if case["tgi"] is not None
                          else ContinuousScheduler(case["continuous"]))
             return scheduler, LinearCostModel(case["cost"]), make_cache(case["kind"], case["blocks"], 4,
                                                                         swap=case["swap"], host=case["host"])

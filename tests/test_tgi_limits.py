@@ -170,6 +170,33 @@ def test_a_default_answer_of_no_tokens_is_refused_not_stalled(engine):
     assert r.rejections[0] == "`max_new_tokens` must be strictly positive"
 
 
+def test_a_default_answer_of_no_tokens_meets_tgis_checks_in_tgis_order():
+    # max_total_tokens 40, max_input_tokens 39 (TGI starts). Without max_tokens the default
+    # answer is 40 - prompt, at least 0 (saturating_sub); validate_input checks MaxTotalTokens,
+    # then InputLength: a 50-token prompt fails the first (50 + 0 > 40), a 40-token one the
+    # second (40 > 39); neither reaches "strictly positive", which TGI says only of a given 0.
+    kv = PagedKVCache(64, 4)
+    scheduler = TgiScheduler(TgiConfig(max_batch_prefill_tokens=40, max_total_tokens=40, max_input_tokens=39,
+                                       default_max_tokens="max_total_tokens"))
+    assert scheduler.start_up_problem(kv) is None
+    assert scheduler.rejection_reason(Request(0, 0.0, 50, 2), kv) == (
+        "`inputs` tokens + `max_new_tokens` must be <= 40. Given: 50 `inputs` tokens and 0 `max_new_tokens`")
+    assert scheduler.rejection_reason(Request(0, 0.0, 40, 2), kv) == "`inputs` must have less than 39 tokens. Given: 40"
+    assert scheduler.rejection_reason(Request(0, 0.0, 39, 2), kv) is None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_client_leaving_mid_chunked_prefill_leaves_no_chunk_behind(engine):
+    # Chunks of 16 (0.5 ms a token: 8 ms each): request 0's 36-token prompt takes 16 + 16 + 4;
+    # its client leaves at 5 ms, in the first chunk, and the engine takes it out after that
+    # pass. Request 1 (19 tokens, at 1 ms) is then batched alone: the scheduler must not plan a
+    # second chunk for request 0 (it raised "request 0 is aborted" in both engines).
+    reqs = [Request(0, 0.0, 36, 10, timeout_ms=5.0), Request(1, 1.0, 19, 12)]
+    r = run(reqs, TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=16), engine, num_blocks=16)
+    assert by_id(r, "aborted") == {0: 1, 1: 0} and by_id(r, "generated_tokens")[1] == 12
+    check_run(r, reqs)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_max_total_tokens_counts_only_the_first_segment(engine):
     # max_total_tokens 10 (chunking): prompt 6 asking 30 tokens passes, as 6 + min(30, 4) = 10;

@@ -349,13 +349,13 @@ class TgiScheduler:
         if self.config.default_max_tokens == "max_total_tokens":
             self._total = total
         chunk = self._chunk(self._max_new(request, request.prompt_tokens))
-        if chunk <= 0:  # (the default, max_total_tokens - input, at 0: only where TGI would not start)
-            return "`max_new_tokens` must be strictly positive"
-        if request.prompt_tokens + chunk > total:  # (TGI's messages, router/src/validation.rs)
+        if request.prompt_tokens + chunk > total:  # (TGI's messages and order, router/src/validation.rs)
             return (f"`inputs` tokens + `max_new_tokens` must be <= {total}. Given: {request.prompt_tokens} "
                     f"`inputs` tokens and {chunk} `max_new_tokens`")
         if request.prompt_tokens > longest_input:
             return (f"`inputs` must have less than {longest_input} tokens. Given: {request.prompt_tokens}")
+        if chunk <= 0:  # (the default, max_total_tokens - input, at 0 past both: only where TGI would not start)
+            return "`max_new_tokens` must be strictly positive"
         # (with window layers -- not TGI's, but a cache may have them -- the prompt's blocks there too)
         need = sequence_blocks(kv, self.kv_reservation(request), request.prompt_tokens, request.prompt_tokens,
                                reserve=True)
@@ -474,6 +474,9 @@ class TgiScheduler:
             plan.decode_all()
         if self._next_chunk:
             for seq, n in self._next_chunk.items():
+                if seq.status == "aborted":  # its client left mid-prefill: the engine took it out
+                    del self._left[seq]
+                    continue
                 plan.prefill(seq, n)
                 self._left[seq] -= n
             self._plan_chunks(len(plan.running))
