@@ -267,3 +267,19 @@ def test_a_prompt_shorter_than_one_block_is_not_recorded():
 
     assert probe(15) == 0
     assert probe(16) == 1
+
+
+def test_blocks_a_prompt_drops_while_it_is_recorded_are_not_held():
+    """Room for 2 blocks, a group prompt of 4 (16 tokens each): recording it in order drops its
+    first two, so instance 0 holds only the last two -- and matching starts at the first: g's next
+    request finds nothing there and goes by load (the freer KV, instance 1). The dropped blocks
+    stayed listed as held (and were never forgotten with the instance, whose LRU no longer had
+    them): it went back to instance 0 on a match of 2 blocks."""
+    g = {"prompt": 64, "prefix_group": "g", "prefix_tokens": 64}
+    router = weighted(lru_blocks=2)
+    assert router.route(req(0, **g), views((0, 0.0), (0, 0.5))) == 0
+    assert router.route(req(1, **g), views((0, 0.2), (0, 0.1))) == 1
+    router = weighted(lru_blocks=2)
+    assert router.route(req(0, **g), views((0, 0.0), (0, 0.5))) == 0
+    assert router.route(req(1), views((0, 0.0), indexes=[1])) == 0               # instance 0 left
+    assert router.route(req(2, **g), views((0, 0.2), (0, 0.1))) == 1             # back, holding nothing

@@ -170,8 +170,9 @@ class WeightedRouter:
             lru[(_OWN, self._own)] = own
             self._held[index] += own
             self._shrink(index, lru)
-        for key, _ in blocks:
-            self._holders.setdefault(key, {})[index] = None
+        for key, size in blocks:  # (not those dropped, or cut, while their own prompt was recorded)
+            if lru.get(key) == size:
+                self._holders.setdefault(key, {})[index] = None
 
     def _shrink(self, index: int, lru: OrderedDict) -> None:
         """Drop the least recent blocks of ``index`` until it is within its room; a block partly
