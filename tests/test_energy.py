@@ -470,6 +470,11 @@ def test_memory_bound_work_slows_below_the_knee_by_hand():
     assert clock_power_factor(0.25, 0.5, 0.65, 0.7) == pytest.approx((0.25 * 0.65 ** 2, 0.3 + 0.7 * 0.65 ** 2))
     v = 0.65 + 0.35 * 0.25 / 0.5  # at r = 0.75: linear from the knee
     assert clock_power_factor(0.75, 0.5, 0.65, 0.7) == pytest.approx((0.75 * v * v, 0.3 + 0.7 * v * v))
+    # a knee at (or above) the highest clock: every lower clock at the floor, as a knee just below it
+    # gives -- not the top clock's voltage (it jumped from 0.65 to 1 between knees of 0.999 and 1)
+    for knee in (0.999, 1.0, 1.2):
+        assert clock_power_factor(0.5, knee, 0.65, 0.7) == pytest.approx((0.5 * 0.65 ** 2, 0.3 + 0.7 * 0.65 ** 2))
+    assert clock_power_factor(1.0, 1.0, 0.65, 0.7) == (1.0, 1.0)
 
 
 def test_a_memory_bound_steps_energy_is_lowest_at_the_knee_by_hand():
@@ -508,6 +513,10 @@ def test_the_governor_never_goes_below_min_mhz():
     assert governed(min_mhz=200.0).clock_ratio(DECODE) == 0.1  # below the knee only when asked
     with pytest.raises(ConfigError, match="min_mhz: 100 is outside"):
         governed(min_mhz=100.0)
+    # the governor's settings under a fixed clock would do nothing: refused, named
+    for key, value in (("min_mhz", 1300.0), ("tpot_ms", 40.0)):
+        with pytest.raises(ConfigError, match=f"{key}: a setting of the 'slo' policy"):
+            ClockedCostModel(KneeWork(), GPU, ClockConfig(policy="fixed", **{key: value}))
 
 
 def test_the_default_law_saves_what_ma_et_al_measured_on_an_h200_at_its_knee():

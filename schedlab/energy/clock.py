@@ -215,9 +215,11 @@ class ClockConfig:
 def voltage_ratio(r: float, r_min: float, floor: float) -> float:
     """Core voltage at clock ratio ``r`` as a share of that at the highest clock: ``floor`` at and
     below ``r_min`` (the V-F curve's knee: Vmin), linear from there to 1 at 1."""
-    if r >= 1.0 or r_min >= 1.0:
+    if r >= 1.0:
         return 1.0
-    return floor + (1.0 - floor) * max(0.0, r - r_min) / (1.0 - r_min)
+    if r <= r_min:  # (a knee at or above the highest clock too: every lower clock at the floor, the limit
+        return floor  # of a knee just below it)
+    return floor + (1.0 - floor) * (r - r_min) / (1.0 - r_min)
 
 
 def clock_power_factor(r: float, r_min: float, floor: float, core_share: float) -> tuple[float, float]:
@@ -275,6 +277,10 @@ class ClockedCostModel:
         self._flops_per_ms = gpu.bf16_tflops * 1e9 * config.compute_efficiency
         self._bytes_per_ms = gpu.hbm_bandwidth_gbps * 1e6 * config.bandwidth_efficiency
         if config.policy == "fixed":
+            for name in ("min_mhz", "tpot_ms"):
+                if getattr(config, name) is not None:
+                    raise ConfigError(f"{name}: a setting of the 'slo' policy; the 'fixed' policy runs every "
+                                      "iteration at mhz (set policy = \"slo\", or leave it out)")
             mhz = config.mhz if config.mhz is not None else f_max
             if not f_min <= mhz <= f_max:
                 raise ConfigError(f"mhz: {mhz:g} is outside {gpu.name}'s clocks ({f_min:g}-{f_max:g} MHz)")
