@@ -936,7 +936,7 @@ def test_vllm_log_timestamps_beyond_the_clock_are_refused_without_a_numpy_warnin
         '"last_token_ts": 1.7e308}\n')
     (tmp_path / "exp.toml").write_text('[experiment]\nname = "v"\n[workload]\nkind = "vllm_log"\npath = "log.jsonl"\n')
     done = _cli("validate", str(tmp_path / "exp.toml"))
-    one_error(done.returncode, done.stderr, "log.jsonl: the timestamps span 1.7e+308 s from the first queued_ts, more "
+    one_error(done.returncode, done.stderr, "log.jsonl: the timestamps span 1.7e+308 s from the earliest arrival, more "
                                             "than the simulated clock's 1e+12 ms (about 31.7 years)")
 
 

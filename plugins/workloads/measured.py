@@ -351,12 +351,13 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
 
 
 def _check_span(path, start: float, columns: list) -> None:
-    """WorkloadError when a timestamp lies further from the first queued_ts than the simulated
-    clock reaches (1e12 ms); in ms such a span could overflow (1e308 s) with a numpy warning."""
+    """WorkloadError when a timestamp lies further from the earliest arrival (the replay's time 0)
+    than the simulated clock reaches (1e12 ms); in ms such a span could overflow (1e308 s) with a
+    numpy warning."""
     with np.errstate(over="ignore", invalid="ignore"):
         span = max(float(np.max(np.abs(column - start))) for column in columns if column.size)
     if not span * 1e3 <= MAX_TIME_MS:
-        raise WorkloadError(f"{path}: the timestamps span {span:g} s from the first queued_ts, more than the simulated "
+        raise WorkloadError(f"{path}: the timestamps span {span:g} s from the earliest arrival, more than the simulated "
                             f"clock's {MAX_TIME_MS:g} ms (about 31.7 years)")
 
 
