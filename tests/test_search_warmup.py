@@ -287,6 +287,19 @@ def test_a_partitioned_probe_leaves_out_the_same_requests_as_a_whole_one(tmp_pat
     assert b["throughput_tps"] == pytest.approx(a["throughput_tps"], rel=1e-9)
 
 
+def test_a_partitioned_probe_whose_warm_up_leaves_out_every_request_is_refused(tmp_path):
+    """Each part of a probe may hold fewer requests than the warm-up (it is not checked alone);
+    the merged run may not: 60 requests sent, a warm-up of 60 leaves none to measure. (It ran on
+    with NaN statistics.)"""
+    cluster = '[cluster]\ninstances = 2\nrouter = {kind = "round_robin"}\npartitions = 2'
+    with pytest.raises(ConfigError) as err:
+        _small(tmp_path, cluster=cluster, warmup="warmup = 60")
+    assert str(err.value) == (f"{tmp_path / 'small.toml'}: run 'small[rate=1.0]': [search] warmup = 60 leaves out all "
+                              "60 of the run's requests, so none is measured: a smaller warmup (a share below 1, "
+                              "such as 0.1), or more requests")
+    assert _small(tmp_path, cluster=cluster, warmup="warmup = 59").search.payload.metrics["warmup"]["measured"] == 1
+
+
 # -- messages ---------------------------------------------------------------------------------------------
 
 TWO_RUNS = CLOSED.replace("num_requests = 400", "num_requests = 20") + textwrap.dedent("""

@@ -67,14 +67,19 @@ class PointJob:
         self.results[index] = result
         return all(r is not None for r in self.results)
 
-    def result(self) -> RunResult:
+    def replica_results(self) -> list[RunResult]:
+        """Each replica's run, its parts merged."""
         parts = self.parts
-        replicas = [self.results[i * parts:(i + 1) * parts] for i in range(self.replicas)]
-        if parts > 1:
-            replicas = [[merge_parts(group[0].name, group)] for group in replicas]
+        if parts == 1:
+            return list(self.results)
+        return [merge_parts(self.results[i * parts].name, self.results[i * parts:(i + 1) * parts])
+                for i in range(self.replicas)]
+
+    def result(self) -> RunResult:
+        replicas = self.replica_results()
         if self.replicas == 1:
-            return replicas[0][0]
-        return combine(self.spec.name, [group[0] for group in replicas], self.spec.seed)
+            return replicas[0]
+        return combine(self.spec.name, replicas, self.spec.seed)
 
 
 class FixedDriver:

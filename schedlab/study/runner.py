@@ -31,7 +31,7 @@ from ..results.records import ExperimentResults, RunResult
 from .drivers import FixedDriver, StudySearchDriver
 from .executor import Executor
 from .planner import PlanDriver
-from .simulation import _tables_with_defaults
+from .simulation import _tables_with_defaults, check_warmup
 from .spec import point_spec
 from .tasks import ContextSpec, RunTask, TaskFailure, say_run_warnings
 
@@ -102,6 +102,9 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 say_run_warnings(outcome)  # (said here whichever process ran it)
                 _announce_finished(hook, outcome, exp.context.source)
                 if job.record(index, outcome):
+                    if job.parts > 1 and job.spec.warmup:  # (a part may measure none: the merged run must)
+                        for run in job.replica_results():
+                            check_warmup(job.spec, run, f"{exp.context.source}: run {run.name!r}")
                     if on_run is not None:
                         on_run(job.result())
                     enqueue(job.owner.job_done(job))

@@ -1484,7 +1484,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         raise WorkloadError(f"{where}: workload {spec.tables['workload'].get('kind')!r} made no requests; a run needs "
                             "at least one")
     if spec.warmup:
-        _check_warmup(spec, result, where)
+        check_warmup(spec, result, where)
     if not getattr(a.workload, "closed_loop", False):  # (a closed loop's follow-ups come from on_finish)
         _check_conserved(delivered.count, result.metrics.get("requests"), spec, where)
     # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's
@@ -1496,9 +1496,10 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     return result
 
 
-def _check_warmup(spec: RunSpec, result: RunResult, where: str) -> None:
+def check_warmup(spec: RunSpec, result: RunResult, where: str) -> None:
     """A run with a warm-up (a search's ``warmup``) keeps every row, and has requests left to
-    measure once the warm-up's are left out (a part of a partitioned run may have fewer)."""
+    measure once the warm-up's are left out (a part of a partitioned run may have fewer: the
+    runner checks the merged run, :func:`schedlab.study.runner.run_studies`)."""
     if result.rows_file is not None or result.stream is not None:
         raise ConfigError(f"{where}: [search] warmup = {spec.warmup!r} needs every request's row, and this run of "
                           f"{result.metrics['requests']:,} requests streamed them past [experiment] exact_requests: "
