@@ -18,8 +18,9 @@ per-request log exists. The file is recognised by its content:
   queried them from Prometheus over the run (``reportgen/base.py``): ``successes.
   {time_to_first_token, time_per_output_token (vllm:request_time_per_output_token_seconds),
   inter_token_latency, request_latency, request_queue_time, iteration_tokens}`` in seconds (or
-  tokens), ``mean`` (exact) and ``median``, ``p90``, ``p99`` (``histogram_quantile`` inside
-  buckets the file does not hold), and ``successes.rate`` (over a Prometheus window that runs
+  tokens; ``request_queue_time`` read as ``loop_queue_ms``, a TGI server's as ``queue_ms``), ``mean``
+  (exact) and ``median``, ``p90``, ``p99`` (``histogram_quantile`` inside buckets the file does not
+  hold), and ``successes.rate`` (over a Prometheus window that runs
   ``scrape_interval`` + 2 s past the run, :func:`_inference_perf_window_pad_s`): the engine's
   view. A TGI or SGLang server (``server: type:`` in the ``config.yaml`` beside the report or a
   folder up) has its client's stand-ins for vLLM's TPOT and token rates left out
@@ -41,7 +42,8 @@ per-request log exists. The file is recognised by its content:
   ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` (older vLLMs:
   ``vllm:time_per_output_token_seconds``, the same per-token gaps),
   ``vllm:request_time_per_output_token_seconds``, ``vllm:e2e_request_latency_seconds``,
-  ``vllm:request_queue_time_seconds`` and ``vllm:iteration_tokens_total``
+  ``vllm:request_queue_time_seconds`` (``loop_queue_ms``: from ``queued_ts``, when the engine core's loop took the
+  request between two steps, :mod:`schedlab.engine.taking`) and ``vllm:iteration_tokens_total``
   (``vllm/v1/metrics/loggers.py``; TTFT and E2E from ``arrival_time``, stamped before the API
   server's queue and tokenizing from vLLM 0.17 on, after them before: :data:`VLLM_RENDERER_RELEASE`,
   :func:`_clock_start`), summed over their label sets (the per-request TPOT
@@ -67,7 +69,7 @@ per-request log exists. The file is recognised by its content:
   ``sglang:e2e_request_latency_seconds`` -- observed once per request (per token for the ITL) by
   the tokenizer manager, from the request's arrival at the API server (``received_time``, before
   the chat template and tokenizing: :data:`SERVER_TTFT_FROM`): the engine's view -- and
-  ``sglang:queue_time_seconds`` (waiting queue to first forward, as vLLM's queue time). The last is
+  ``sglang:queue_time_seconds`` (waiting queue to first forward, as vLLM's queue time: ``loop_queue_ms``). The last is
   observed by the scheduler, which runs on every tensor- and pipeline-parallel rank: with TP 4 the
   scrape holds four series (``tp_rank`` 0..3) of the same requests, and under DP attention (which
   labels no ``dp_rank``) ranks of different requests. Summed over every label set, each request is
@@ -85,7 +87,8 @@ per-request log exists. The file is recognised by its content:
   neither every gap (the ITL) nor one TPOT per request;
 * a scrape of text-generation-inference's router ``/metrics`` (``router/src/server.rs``): the
   histograms ``tgi_request_duration`` (E2E from the request's arrival at the router) and
-  ``tgi_request_queue_duration`` (queued until its first batch), in seconds; the engine's view.
+  ``tgi_request_queue_duration`` (queued until its first batch: ``queue_ms``, TGI queues a request as it comes), in
+  seconds; the engine's view.
   ``tgi_request_mean_time_per_token_duration`` is left out: it is the inference time (prefill
   included) over every generated token, not a TPOT; TGI has no TTFT histogram;
 * NVIDIA genai-perf's ``profile_export_genai_perf.json`` or AIPerf's ``profile_export_aiperf.json``
@@ -106,9 +109,9 @@ run (every TTFT 0; a :class:`TargetWarning` says so). A file of a run whose ever
 is refused.
 
 Statistics are named as the run's metrics are: ``ttft_ms.mean``, ``itl_ms.p99``, ``e2e_ms.p50``,
-``queue_ms.mean``, ``iteration_tokens.mean``, ``request_throughput_rps``, ``output_throughput_tps``,
-``total_throughput_tps``, ``slo.goodput_rps`` (``vllm bench serve --goodput``'s ``request_goodput``,
-against the run's ``[slo]``: :func:`_goodput`). :func:`simulated` computes the same names from a
+``queue_ms.mean``, ``loop_queue_ms.mean``, ``iteration_tokens.mean``, ``request_throughput_rps``,
+``output_throughput_tps``, ``total_throughput_tps``, ``slo.goodput_rps`` (``vllm bench serve --goodput``'s
+``request_goodput``, against the run's ``[slo]``: :func:`_goodput`). :func:`simulated` computes the same names from a
 :class:`~schedlab.results.records.RunResult` (TTFT and latency as the file's source sees them:
 a load generator from sending a request, a server's own metrics from its arrival there -- with a
 ``[frontend]``, at the API server for vLLM from 0.17 and SGLang (their histograms hold its queue and
@@ -143,7 +146,9 @@ from .errors import ConfigError, InputWarning, brief
 from .json_text import JsonTextError, json_documents
 
 #: Latency groups: the run's metric prefix, and how each source names it.
-GROUPS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
+#: ``queue_ms`` runs from a request's arrival at the engine, ``loop_queue_ms`` from its engine loop taking it (vLLM's
+#: and SGLang's queue-time histograms; :mod:`schedlab.engine.taking`), both to its first scheduling
+GROUPS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms", "loop_queue_ms")
 THROUGHPUTS = ("request_throughput_rps", "output_throughput_tps", "total_throughput_tps")
 #: ML.ENERGY's steady-state energy statistics (all the GPUs of the run): J per output token, W
 STEADY_ENERGY = ("energy.steady_j_per_token", "energy.steady_power_w")
@@ -172,7 +177,9 @@ INFERENCE_PERF_RATES = {"requests_per_sec": "request_throughput_rps", "output_to
 #: since #348; before, from vllm:time_per_output_token_seconds, read as itl_ms (:func:`_inference_perf_server_summary`)
 INFERENCE_PERF_SERVER = {"time_to_first_token": ("ttft_ms", 1e3), "time_per_output_token": ("tpot_ms", 1e3),
                          "inter_token_latency": ("itl_ms", 1e3), "request_latency": ("e2e_ms", 1e3),
-                         "request_queue_time": ("queue_ms", 1e3), "iteration_tokens": ("iteration_tokens", 1.0)}
+                         "request_queue_time": ("loop_queue_ms", 1e3), "iteration_tokens": ("iteration_tokens", 1.0)}
+#: ... but a TGI server's queue time (tgi_request_queue_duration) runs from the request's arrival: TGI queues it at once
+INFERENCE_PERF_QUEUE_GROUP = {"tgi": "queue_ms"}
 INFERENCE_PERF_SERVER_KIND = "inference-perf server metrics"
 #: guidellm: metrics.<name> and its unit in ms
 GUIDELLM = {"time_to_first_token_ms": ("ttft_ms", 1.0), "inter_token_latency_ms": ("itl_ms", 1.0),
@@ -185,7 +192,7 @@ PROMETHEUS = {"vllm:time_to_first_token_seconds": ("ttft_ms", 1e3),
               "vllm:time_per_output_token_seconds": ("itl_ms", 1e3),  # older vLLMs: the same per-token gaps
               "vllm:request_time_per_output_token_seconds": ("tpot_ms", 1e3),
               "vllm:e2e_request_latency_seconds": ("e2e_ms", 1e3),
-              "vllm:request_queue_time_seconds": ("queue_ms", 1e3),
+              "vllm:request_queue_time_seconds": ("loop_queue_ms", 1e3),  # (queued_ts: taken by the engine loop)
               "vllm:iteration_tokens_total": ("iteration_tokens", 1.0)}
 #: the kind of a Prometheus scrape's summary (the only one measured by the server, not a client)
 PROMETHEUS_KIND = "vLLM /metrics"
@@ -195,7 +202,7 @@ PROMETHEUS_KIND = "vLLM /metrics"
 SGLANG_PROMETHEUS = {"sglang:time_to_first_token_seconds": ("ttft_ms", 1e3),
                      "sglang:inter_token_latency_seconds": ("itl_ms", 1e3),
                      "sglang:e2e_request_latency_seconds": ("e2e_ms", 1e3),
-                     "sglang:queue_time_seconds": ("queue_ms", 1e3),
+                     "sglang:queue_time_seconds": ("loop_queue_ms", 1e3),  # (queue_time_start: the same)
                      "sglang:request_time_per_output_token_seconds": ("tpot_ms", 1e3)}
 SGLANG_KIND = "SGLang /metrics"
 #: text-generation-inference's router histograms (router/src/server.rs), the two that are one of schedlab's
@@ -1261,6 +1268,8 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
             continue
         if key == "time_per_output_token" and per_token:
             group = "itl_ms"
+        if group == "loop_queue_ms":
+            group = INFERENCE_PERF_QUEUE_GROUP.get(server, group)
         for stat_key, raw in block.items():
             stat = _stat_name(stat_key)
             name = f"successes.{key}.{stat_key}"
@@ -2257,9 +2266,19 @@ class TargetConfig:
             unknown = [n for n in self.statistics if n not in summary.values]
             if unknown:
                 raise FieldError("statistics", f"{summary.source} holds no {unknown[0]!r}; it holds "
-                                               f"{', '.join(summary.values)}")
+                                               f"{', '.join(summary.values)}{_loop_queue_hint(unknown[0], summary)}")
             summary = summary.select(list(self.statistics))
         return summary
+
+
+def _loop_queue_hint(name: str, summary: Summary) -> str:
+    """Why a file holds ``loop_queue_ms.<stat>`` where ``queue_ms.<stat>`` was asked for (vLLM's and SGLang's
+    queue-time histograms start when the engine loop took the request), or ''."""
+    group, _, stat = name.partition(".")
+    if group != "queue_ms" or f"loop_queue_ms.{stat}" not in summary.values:
+        return ""
+    return (f" (its queue times run from when the engine loop took each request, between two steps: "
+            f"name them loop_queue_ms.{stat}; queue_ms runs from the arrival)")
 
 
 def vllm_ttft_from_problem(summary: Summary) -> str | None:

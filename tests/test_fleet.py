@@ -272,13 +272,13 @@ def test_a_streamed_run_has_every_row_on_disk_and_metrics_within_the_sketch_erro
     assert exact.rows_file is None and streamed.rows_file is not None
     rows = read_rows(streamed.rows_file)
     order = np.argsort(rows["id"])
-    for name in ("id", "instance", "arrival_ms", "first_token_ms", "finish_ms", "generated_tokens"):
+    for name in ("id", "instance", "arrival_ms", "taken_ms", "first_token_ms", "finish_ms", "generated_tokens"):
         np.testing.assert_array_equal(rows[name][order], exact.requests[name])
     a, b = exact.metrics, streamed.metrics
     for name in ("requests", "finished", "generated_tokens", "makespan_ms", "busy_share", "avg_queue", "slo",
                  "gpu_hours", "iterations"):
         assert a[name] == pytest.approx(b[name], rel=1e-9), name
-    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "itl_ms"):
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "loop_queue_ms", "itl_ms"):
         assert a[name]["mean"] == pytest.approx(b[name]["mean"], rel=1e-9)
         assert a[name]["max"] == b[name]["max"]
         for p in ("p50", "p90", "p99"):
@@ -412,9 +412,9 @@ def test_the_recorder_keeps_no_rows_past_the_limit():
             pass
 
     rec = Recorder(sink=Sink(), exact_requests=10)
-    seq = SimpleNamespace(request=Request(0, 0.0, 5, 5), transfer=None, first_scheduled_ms=0.0, first_token_ms=1.0,
-                          waiting_ms=0.0, num_generated=5, num_preemptions=0, recomputed_tokens=0, prefill_chunks=1,
-                          cached_tokens_total=0, num_swaps=0, energy_j=0.0)
+    seq = SimpleNamespace(request=Request(0, 0.0, 5, 5), transfer=None, taken_ms=0.0, first_scheduled_ms=0.0,
+                          first_token_ms=1.0, waiting_ms=0.0, num_generated=5, num_preemptions=0, recomputed_tokens=0,
+                          prefill_chunks=1, cached_tokens_total=0, num_swaps=0, energy_j=0.0)
     for _ in range(100_000):
         rec.request_done(seq, 0, 2.0)
         assert len(rec._rows) <= 1 << 15 and not rec._chunks or not rec.streaming

@@ -175,7 +175,7 @@ SGLANG_SCRAPE_VALUES = {
     "ttft_ms.mean": 170.0, "ttft_ms.p50": 150.0, "ttft_ms.p90": 200.0 + 400.0 / 3, "ttft_ms.p99": 200.0 + 580.0 / 3,
     "itl_ms.mean": 15.0, "itl_ms.p50": 12.0, "itl_ms.p90": 20.0, "itl_ms.p99": 38.0,
     "e2e_ms.mean": 1800.0, "e2e_ms.p50": 1250.0, "e2e_ms.p90": 3000.0, "e2e_ms.p99": 3900.0,
-    "queue_ms.mean": 81.0, "queue_ms.p50": 75.0, "queue_ms.p90": 200.0, "queue_ms.p99": 470.0}
+    "loop_queue_ms.mean": 81.0, "loop_queue_ms.p50": 75.0, "loop_queue_ms.p90": 200.0, "loop_queue_ms.p99": 470.0}
 
 
 def test_an_sglang_scrape_is_read_as_vllms_in_the_engines_view(tmp_path):
@@ -184,8 +184,8 @@ def test_an_sglang_scrape_is_read_as_vllms_in_the_engines_view(tmp_path):
     assert s.values == pytest.approx(SGLANG_SCRAPE_VALUES)
     assert "tpot_ms.mean" not in s.values          # the older running TPOT is not read
     assert s.requests == 10                         # the E2E histogram's: the queue's counts each request per rank
-    assert s.histograms["queue_ms"].bounds == (0.0, 100.0, 200.0, 500.0, float("inf"))
-    assert s.histograms["queue_ms"].counts == (4.0, 12.0, 18.0, 20.0, 20.0)
+    assert s.histograms["loop_queue_ms"].bounds == (0.0, 100.0, 200.0, 500.0, float("inf"))
+    assert s.histograms["loop_queue_ms"].counts == (4.0, 12.0, 18.0, 20.0, 20.0)
 
 
 def test_sglangs_per_request_tpot_histogram_is_read(tmp_path):

@@ -264,7 +264,7 @@ def test_the_client_s_times_are_compared_with_the_simulated_client(tmp_path):
     assert vs["mean_abs_error_pct"] == pytest.approx(0.0, abs=1e-9)
     assert vs["server"]["measured"]["ttft_ms.mean"] == pytest.approx(0.5)
     assert vs["server"]["errors_pct"]["ttft_ms.mean"] == pytest.approx(0.0, abs=1e-9)
-    assert vs["server"]["measured"]["queue_ms.mean"] == 0.0
+    assert vs["server"]["measured"]["loop_queue_ms.mean"] == 0.0  # (server_queue_times: from queued_ts)
     # the engine's view would be off by the front end: 0.5 ms against 5.25 measured
     assert run.metrics["ttft_ms"]["mean"] == pytest.approx(0.5)
 
@@ -279,15 +279,16 @@ def test_the_server_s_ttft_runs_from_the_first_scheduling_as_vllm_s():
 
     from schedlab.results.compare import server_comparison
 
-    requests = {"arrival_ms": np.array([0.0, 0.0]), "first_scheduled_ms": np.array([0.0, 100.0]),
+    requests = {"arrival_ms": np.array([0.0, 0.0]), "taken_ms": np.array([0.0, 0.0]),
+                "first_scheduled_ms": np.array([0.0, 100.0]),
                 "first_token_ms": np.array([10.0, 120.0]), "finish_ms": np.array([50.0, 160.0]),
                 "generated_tokens": np.array([5, 5]), "rejected": np.array([0, 0]),
                 "timed_out": np.array([0, 0]), "aborted": np.array([0, 0])}
     measured = SimpleNamespace(server_ttft_ms=np.array([10.0, 20.0]), server_queue_ms=np.array([0.0, 100.0]))
     server = server_comparison(requests, measured)
     assert server["measured"]["ttft_ms.mean"] == pytest.approx(15.0)
-    assert server["measured"]["queue_ms.mean"] == pytest.approx(50.0)
-    for key in ("ttft_ms.mean", "ttft_ms.p50", "ttft_ms.p99", "queue_ms.mean", "queue_ms.p90"):
+    assert server["measured"]["loop_queue_ms.mean"] == pytest.approx(50.0)
+    for key in ("ttft_ms.mean", "ttft_ms.p50", "ttft_ms.p99", "loop_queue_ms.mean", "loop_queue_ms.p90"):
         assert server["errors_pct"][key] == pytest.approx(0.0, abs=1e-9), key
 
 

@@ -56,7 +56,7 @@ def measured_occupancy(measured, times: np.ndarray) -> tuple[np.ndarray, np.ndar
 def server_table(name: str, server: dict) -> str:
     """The server's own per-request times (a client's file) against the simulated engine's."""
     lines = [f"{name}: the server's own times vs the simulated engine's (TTFT from the first scheduling, "
-             "queue time from arrival at the engine)",
+             "queue time from the engine loop taking it)",
              f"{'statistic':<18}{'measured':>12}{'error':>9}", "-" * 39]
     for key, value in server["measured"].items():
         lines.append(f"{key:<18}{value:>12.1f}{server['errors_pct'][key]:>+8.1f}%")

@@ -33,6 +33,7 @@ from .sequence import (
     ABORTED, DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence,
 )
 from .stages import IN_FLIGHT, Holds, Stagger
+from .taking import Untaken
 
 INF = math.inf
 
@@ -183,6 +184,7 @@ class Instance:
         self.clock = DecodeClock()
         make_queue = getattr(scheduler, "new_waiting_queue", None)
         self.waiting = make_queue() if make_queue is not None else FcfsQueue()
+        self.untaken = Untaken()  # arrivals no plan has taken yet (their taken_ms: engine.taking)
         self.running: dict = {}
         self.running_view = RunningView(self.running)
         self.prefilling: dict = {}
@@ -329,6 +331,7 @@ class Instance:
                 self.rec.request_done(seq, self.index, request.arrival_ms, aborted=True)
                 return None
             heapq.heappush(self.aborts, (abort_at, seq_no, seq))
+        self.untaken.add(seq)
         if self.ahead is not None and self.ahead.defers(request.arrival_ms, self.now):
             self.ahead.deferred.append(seq)  # the batch that follows the one in progress is planned
             return seq
@@ -1038,7 +1041,9 @@ class Instance:
         return self.asks_beside_held and any(seq.request.stops_at_eos or seq in kept for seq in held)
 
     def _plan(self) -> FastPlan:
-        """Ask the scheduler for the next iteration's plan, at ``now``."""
+        """Ask the scheduler for the next iteration's plan, at ``now`` (which takes the requests
+        that arrived by then: :mod:`schedlab.engine.taking`)."""
+        self.untaken.take(self.now)
         self.serial += 1
         plan = FastPlan(self, self.serial)
         due = self.ask_at_step

@@ -290,7 +290,10 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst.held_to_landing = used - inst.kv.num_used_blocks()  # (until the landing is done)
 
     def _plan(self) -> FastPlan:
+        """The scheduler's plan for a launch at ``now``, which takes the requests that arrived by
+        then (:mod:`schedlab.engine.taking`)."""
         inst = self.inst
+        inst.untaken.take(inst.now)
         inst.serial += 1
         self.telling, self.told = inst.ended > self.told, inst.ended
         plan = FastPlan(inst, inst.serial)

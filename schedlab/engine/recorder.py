@@ -22,7 +22,7 @@ import numpy as np
 from ..frontend import client_times
 
 REQUEST_FLOAT_COLUMNS = (
-    "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
+    "arrival_ms", "taken_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
     "kv_ready_ms", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms",
     "client_done_ms",
 )
@@ -31,6 +31,8 @@ REQUEST_INT_COLUMNS = (
     "priority", "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens",
     "swaps", "rejected", "prefill_instance", "kv_bytes", "aborted", "timed_out",
 )
+# taken_ms: when the engine's loop took the request from its input (its instance's first plan at or
+# after its arrival, schedlab.engine.taking); -1 for a request turned away or given up on before.
 # The client's view (schedlab.frontend): when the client sent the request, received its first
 # byte and its last (or gave up: timed_out); -1 for rejected requests. finish_ms of an aborted
 # request is when the engine aborted it (its KV blocks freed).
@@ -96,7 +98,7 @@ COUNTERS = (
 
 
 ROW_COLUMNS = (
-    "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
+    "arrival_ms", "taken_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens", "priority",
     "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
     "request_class", "client", "prefill_instance", "kv_bytes", "kv_ready_ms", "kv_pulled_ms", "kv_landed_ms",
@@ -150,7 +152,7 @@ class Recorder:
             first, delay = seq.first_token_ms, self.output_delay_ms
             client = (first + delay if first >= 0 else -1.0, finish_ms + delay, False)
         self._rows.append((
-            r.arrival_ms, seq.first_scheduled_ms, seq.first_token_ms, finish_ms, seq.waiting_ms,
+            r.arrival_ms, seq.taken_ms, seq.first_scheduled_ms, seq.first_token_ms, finish_ms, seq.waiting_ms,
             r.id, instance, r.prompt_tokens, r.output_tokens, r.max_output_tokens, seq.num_generated, r.priority,
             seq.num_preemptions, seq.recomputed_tokens, seq.prefill_chunks, seq.cached_tokens_total, seq.num_swaps,
             1 if rejected else 0, r.request_class, r.client,

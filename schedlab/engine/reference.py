@@ -29,6 +29,7 @@ from . import drain, run_limit
 from .recorder import Recorder
 from .stall import check_kv_counts, stall_message
 from .stages import Stagger
+from .taking import Untaken
 
 
 class RefSequence:
@@ -47,6 +48,7 @@ class RefSequence:
         self.max_computed = 0
         self.token_times: list[float] = []  # end of every iteration that gave it tokens (one or more)
         self.spec_state = None  # speculative decoding's per-request draw state
+        self.taken_ms = -1.0  # the first plan at or after its arrival here (engine.taking)
         self.first_scheduled_ms = -1.0
         self.waiting_since = request.arrival_ms
         self.waiting_ms = 0.0
@@ -575,6 +577,7 @@ class ReferenceEngine:
         self.decode_steps = 0
         make_queue = getattr(scheduler, "new_waiting_queue", None)
         self.waiting = make_queue() if make_queue is not None else FcfsQueue()
+        self.untaken = Untaken()  # arrivals no plan has taken yet (their taken_ms: engine.taking)
         self.running: dict = {}
         self.swapped: list = []
         self.events = 0  # every iteration is an event here
@@ -693,6 +696,7 @@ class ReferenceEngine:
                 self.rec.request_done(seq, self.index, request.arrival_ms, aborted=True)
                 return None
             self.aborts.append([abort_at, seq_no, seq])
+        self.untaken.add(seq)
         ahead = self.ahead
         if ahead is not None and self.now == ahead.end and request.arrival_ms > ahead.start:
             ahead.deferred.append(seq)  # it arrived after the batch in progress was planned
@@ -753,10 +757,12 @@ class ReferenceEngine:
         """The scheduler's plan for the iteration starting now. With asynchronous scheduling
         (:mod:`schedlab.engine.ahead`) it is made when the last iteration started, if one just
         ended: with the arrivals until then, the requests that iteration finished still holding
-        their slots and blocks, which they give back once the plan is made."""
+        their slots and blocks, which they give back once the plan is made. The plan takes the
+        requests that arrived by the time it is made (:mod:`schedlab.engine.taking`)."""
         self.serial += 1
         ahead = self.ahead
         if ahead is None:
+            self.untaken.take(self.now)
             plan = RefPlan(self, self.serial)
             ask_scheduler(self.scheduler, plan)
             check_kv_counts(self.kv)
@@ -771,6 +777,7 @@ class ReferenceEngine:
         if at_plan_time:  # the aborts that reached vLLM's engine core (SGLang's loop) before this plan
             self.abort_due(upto=t)  # (rows now, as routers see them; SGLang's running requests only marked)
         self.now = t
+        self.untaken.take(t)
         ahead.planning = t < end
         if not ahead.planning and (ahead.phantom or ahead.kept):  # (the batch's output is seen: nothing is in flight)
             ahead.phantom, ahead.kept = {}, {}

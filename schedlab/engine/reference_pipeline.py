@@ -171,6 +171,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e.abort_due()
         plan = None
         while len(self.flights) < self.depth:
+            e.untaken.take(e.now)  # (the launch's plan takes what arrived by now: engine.taking)
             e.serial += 1
             telling, self.told = e.ended > self.told, e.ended
             plan = PipelinePlan(e, e.serial)

@@ -39,7 +39,7 @@ class Sequence:
     __slots__ = (
         "request", "seq_no", "status", "kv_state", "reserved_tokens", "num_preemptions",
         "_computed", "_generated", "_clock", "anchor", "gen_anchor", "finish_step",
-        "target", "prompt", "max_computed", "first_scheduled_ms", "first_token_ms",
+        "target", "prompt", "max_computed", "taken_ms", "first_scheduled_ms", "first_token_ms",
         "last_token_ms", "waiting_since", "waiting_ms", "recomputed_tokens", "prefill_chunks",
         "cached_tokens_total", "plan_mark", "hit_memo", "num_swaps", "spec_state", "transfer",
         "energy_j", "energy_anchor", "cache_lag", "dec_tick", "lag_tick", "decode_due",
@@ -62,6 +62,7 @@ class Sequence:
         self.target = request.target_tokens
         self.prompt = request.prompt_tokens
         self.max_computed = 0    # high-water mark of computed tokens (recompute accounting)
+        self.taken_ms = -1.0     # the first plan at or after its arrival here (engine.taking)
         self.first_scheduled_ms = -1.0
         self.first_token_ms = -1.0
         self.last_token_ms = -1.0

@@ -212,8 +212,9 @@ class Transfer:
 
 # What a request's decode-side sequence takes over from its prefill-side one (both engines'
 # sequences name these alike): its history so far, for the per-request columns.
-CARRIED_OVER = ("first_scheduled_ms", "waiting_ms", "num_preemptions", "recomputed_tokens", "prefill_chunks",
-                "cached_tokens_total", "num_swaps", "energy_j")
+# (taken_ms: the prefill instance took it from its queue, engine.taking)
+CARRIED_OVER = ("taken_ms", "first_scheduled_ms", "waiting_ms", "num_preemptions", "recomputed_tokens",
+                "prefill_chunks", "cached_tokens_total", "num_swaps", "energy_j")
 
 
 def carry_over(prefill_seq, decode_seq) -> None:

@@ -18,7 +18,8 @@ last byte) with the simulated client's (:func:`simulated_latencies`). When a cli
 has the server's own per-request TTFT and queue time, they are compared with the simulated
 engine's under ``vs_measured["server"]`` (not part of the mean error), as vLLM defines them
 (``PerRequestMetrics``): its TTFT runs from the request's first scheduling to its first token
-(the simulated ``prefill_ms``), its queue time from arrival at the engine to that scheduling.
+(the simulated ``prefill_ms``), its queue time from ``queued_ts`` -- when the engine core's loop
+took the request, between two steps -- to that scheduling (the simulated ``loop_queue_ms``).
 
 Calibration may instead pair each measured request with its own replay (:func:`paired_errors`):
 a statistic of the whole run forgets which request had which latency, a pairing keeps it -- a
@@ -91,8 +92,10 @@ def simulated_latencies(requests: dict[str, np.ndarray], measured) -> dict[str, 
 
 #: the server's own per-request times (measured field, name, simulated engine's latency): vLLM 0.33's
 #: ``server_ttfts`` are first scheduled -> first token (``entrypoints/generate/base/serving.py``), not
-#: arrival -> first token as its ``/metrics`` TTFT histogram (the simulated ``ttft_ms``) is
-SERVER_FIELDS = (("server_ttft_ms", "ttft_ms", "prefill_ms"), ("server_queue_ms", "queue_ms", "queue_ms"))
+#: arrival -> first token as its ``/metrics`` TTFT histogram (the simulated ``ttft_ms``) is; its
+#: ``server_queue_times`` run from ``queued_ts``, when the engine loop took the request between two steps,
+#: to its first scheduling (the simulated ``loop_queue_ms``, :mod:`schedlab.engine.taking`)
+SERVER_FIELDS = (("server_ttft_ms", "ttft_ms", "prefill_ms"), ("server_queue_ms", "loop_queue_ms", "loop_queue_ms"))
 
 
 def server_comparison(requests: dict[str, np.ndarray], measured) -> dict[str, Any] | None:

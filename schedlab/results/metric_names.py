@@ -18,10 +18,10 @@ import difflib
 import re
 
 from ..errors import ConfigError
-from .metrics import ABORT_PLACES, PERCENTILES
+from .metrics import ABORT_PLACES, LATENCY_NAMES, PERCENTILES
 
 _SUMMARY = dict.fromkeys(("mean", *(f"p{p}" for p in PERCENTILES), "max"))
-_LATENCIES = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")}
+_LATENCIES = {name: _SUMMARY for name in LATENCY_NAMES}
 _SLO = dict.fromkeys(("attainment", "goodput_rps", "met"))
 _SUBSET = {**dict.fromkeys(("requests", "finished", "generated_tokens", "throughput_tps")), **_LATENCIES,
            "slo": _SLO}

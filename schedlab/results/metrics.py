@@ -4,7 +4,9 @@ Names and meanings follow vLLM (engines.md §3): TTFT from arrival to first toke
 request = (finish - first token) / (tokens - 1); ITL one sample per token after the first --
 with speculative decoding one per step that gives a request tokens, however many (vLLM's
 ``inter_token_latency`` and ``vllm bench serve`` see one arrival per step); queue time from
-arrival to first scheduling. Percentiles use numpy's default (linear)
+arrival to first scheduling, and ``loop_queue_ms`` from the engine's loop taking the request
+(``taken_ms``, :mod:`schedlab.engine.taking`) to its first scheduling, as vLLM's and SGLang's
+queue-time histograms count it. Percentiles use numpy's default (linear)
 interpolation; ITL percentiles come from run-length-encoded samples with the same rule.
 """
 
@@ -158,9 +160,14 @@ def completed(req: dict[str, np.ndarray]) -> np.ndarray:
     return ok if timed_out is None else ok & (timed_out == 0)
 
 
+#: the latency summaries of a run, a class and an instance (:func:`request_latencies`' names)
+LATENCY_NAMES = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "loop_queue_ms")
+
+
 def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per completed request, as the engine sees it (from its arrival at the engine's queue):
-    ttft, tpot, e2e, queue, prefill and decode time (ms)."""
+    ttft, tpot, e2e, queue, prefill and decode time (ms); and ``loop_queue_ms``, from the engine's
+    loop taking it (``taken_ms``; NaN in results saved without it) to its first scheduling."""
     ok = completed(req)
     arrival = req["arrival_ms"][ok]
     first = req["first_token_ms"][ok]
@@ -173,6 +180,8 @@ def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "tpot_ms": tpot,
         "e2e_ms": finish - arrival,
         "queue_ms": req["first_scheduled_ms"][ok] - arrival,
+        "loop_queue_ms": req["first_scheduled_ms"][ok] - req["taken_ms"][ok] if "taken_ms" in req
+        else np.full(int(ok.sum()), np.nan),
         "prefill_ms": first - req["first_scheduled_ms"][ok],
         "decode_ms": finish - first,
     }
@@ -333,7 +342,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         m["throughput_tps"], m["request_throughput_rps"] = _window_rates(req, window)
         m["warmup"] = {"requests": n_all - int(measured.sum()), "measured": int(measured.sum()),
                        "measured_finished": int(completed(stats).sum()), "measured_window_ms": window[1] - window[0]}
-    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+    for name in LATENCY_NAMES:
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
     # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
@@ -866,7 +875,7 @@ def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False, *,
         stats = {k: v[measured[sel]] for k, v in sub.items()}
         out["throughput_tps"] = _window_rates(sub, window)[0]
     lat = request_latencies(stats)
-    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+    for name in LATENCY_NAMES:
         out[name] = summarize(lat[name])
     if slo:
         out["slo"] = _slo_metrics(sub, ok, slo, run_seconds) if measured is None else \

@@ -46,7 +46,7 @@ from .records import ExperimentResults, RunResult, Study
 from .stream import SPOOL_PREFIX
 
 REQUEST_COLUMNS = (
-    "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
+    "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "taken_ms", "first_scheduled_ms",
     "first_token_ms", "finish_ms", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "waiting_ms", "prompt_tokens",
     "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
     "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_ready_ms", "kv_pulled_ms",
@@ -214,7 +214,8 @@ def request_rows(run: RunResult):
     tpot = np.where(many, (r["finish_ms"] - r["first_token_ms"]) / np.maximum(r["generated_tokens"] - 1, 1), np.nan)
     client_ttft = np.where(ok, r["client_first_ms"] - r["sent_ms"], np.nan)
     client_e2el = np.where(ok, r["client_done_ms"] - r["sent_ms"], np.nan)
-    cols = [r["id"], r["instance"], r["request_class"], r["client"], r["priority"], r["arrival_ms"],
+    taken = r["taken_ms"] if "taken_ms" in r else np.full(n, np.nan)  # (results saved before it was recorded)
+    cols = [r["id"], r["instance"], r["request_class"], r["client"], r["priority"], r["arrival_ms"], taken,
             r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
             r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"],
@@ -491,7 +492,8 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
         t_by_run.setdefault(row[t_index["run"]], []).append(row)
     transfer = {"prefill_instance": (int, -1), "kv_bytes": (int, 0), "kv_pulled_ms": (float, -1.0),
                 "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0),  # absent in older results
-                "energy_j": (float, 0.0), "aborted": (int, 0), "timed_out": (int, 0)}
+                "energy_j": (float, 0.0), "aborted": (int, 0), "timed_out": (int, 0),
+                "taken_ms": (float, math.nan)}  # (older results: when the loop took it is not known)
     client_view = {"sent_ms": "arrival_ms", "client_first_ms": "first_token_ms", "client_done_ms": "finish_ms"}
 
     def saved_run(name: str, metrics: dict, counters: dict, meta: dict, point: dict) -> RunResult:

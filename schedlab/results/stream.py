@@ -33,13 +33,14 @@ import attrs
 import numpy as np
 
 from ..configs import int_field, str_field
+from .metrics import LATENCY_NAMES
 from .owners import owner_gone
 from .sketch import Summary
 
 #: Rows kept as the run's sample of requests (reports' CDF plots, the saturation check).
 SAMPLE_ROWS = 20_000
 ROW_FORMATS = ("parquet", "csv")
-LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
+LATENCIES = LATENCY_NAMES
 CLIENT_LATENCIES = ("ttft_ms", "tpot_ms", "e2el_ms", "ntpot_ms", "frontend_ms")
 _HASH = np.uint64(0x9E3779B97F4A7C15)
 

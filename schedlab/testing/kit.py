@@ -433,8 +433,9 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
       the reference engine's too, which takes no :class:`IterationChecker`; a speculative
       decode's drafts are counted by the checker only);
     * every iteration that computes anything took a positive, finite time (the cost model's);
-    * arrival <= first scheduled <= first token <= finish, and the first token comes no
-      earlier than the end of an iteration that started after arrival;
+    * arrival <= taken (the engine's loop took it: :mod:`schedlab.engine.taking`) <= first
+      scheduled <= first token <= finish, and the first token comes no earlier than the end of
+      an iteration that started after arrival;
     * the KV cache is empty at the end and its own invariants hold (its ``check_invariants()``,
       called when the cache has one: runs do not need it, so a cache without it is checked
       from the outside only; this end-of-run call sees an empty cache, :class:`IterationChecker`
@@ -492,6 +493,9 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
                       req["finish_ms"][i])
         assert a >= r.arrival_ms, f"request {rid} arrived at {a}, before it was sent at {r.arrival_ms} (causality)"
         assert a <= s < f <= e, f"request {rid}: causality broken (arrival {a}, scheduled {s}, first {f}, finish {e})"
+        if "taken_ms" in req:
+            taken = req["taken_ms"][i]
+            assert a <= taken <= s, f"request {rid}: taken at {taken}, not between its arrival {a} and scheduling {s}"
     c = result.counters
     if max_running is not None:
         assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > max_running {max_running}"
