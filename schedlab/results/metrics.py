@@ -198,8 +198,9 @@ def request_counts(req: dict[str, np.ndarray]) -> dict[str, int]:
 
 def warmup_count(warmup, n: int) -> int:
     """How many of a run's ``n`` requests a warm-up leaves out: ``warmup`` requests (a whole
-    number), or that share of ``n`` rounded down (a number below 1, as written: 0.29 of 100 is 29),
-    as guidellm takes ``int(percent * requests)``; at most ``n``."""
+    number), or that share of ``n`` rounded down (a number below 1), as guidellm's
+    ``int(percent * requests)`` -- but of the share as written, in exact arithmetic: 0.29 of 100 is
+    29, where ``int(0.29 * 100)`` is 28 (0.29 is 0.28999... in binary); at most ``n``."""
     if isinstance(warmup, int):
         return max(0, min(int(warmup), n))
     return max(0, min(math.floor(Fraction(repr(float(warmup))) * n), n))
