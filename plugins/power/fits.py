@@ -7,8 +7,8 @@ per second / GPUs) against the average batch. They include vLLM 0.5.4's CPU-boun
 inside each iteration, as measured: ``cycle_ms`` is each point's measured cycle (``avg_bs /
 token throughput``), and the ``table`` model warns when a cost model's decode step at the
 table's first batch is under half of it (a faster engine's steps priced at a CPU-bound
-engine's power: the H100 fit's 305 W at its first point, a batch of 64, is 41% under v3's 514 W for Qwen3-8B
-chat there).
+engine's power: the H100 fit's 305 W at its first point, a batch of 64, is 41% under v3's 514 W
+for Qwen3-8B chat there).
 
 The ``mlenergy-v3-*`` fits: ML.ENERGY Leaderboard v3.0 (vLLM 0.11, github.com/ml-energy/leaderboard
 at 0cd52dab; experiments/data/energy/mlenergy-v3/dense.csv), Qwen3-8B on LM Arena chat, one GPU,

@@ -163,6 +163,6 @@ def _warn_slower_engine(name: str, cost_model) -> None:
     if step < 0.5 * cycle:
         warnings.warn(f"[power] fit = \"{name}\" was measured on vLLM 0.5.4, CPU-bound (a {cycle:g} ms cycle at a "
                       f"batch of {n}), and this cost model's decode step there takes {step:.1f} ms: its power is a "
-                      "mostly waiting GPU's, so energy per token comes out low (the H100 fit's 305 W at its first point, "
-                      "a batch of 64, is 41% under ML.ENERGY v3's 514 W for Qwen3-8B chat there); the mlenergy-v3-* fits were measured on "
-                      "vLLM 0.11", InputWarning, stacklevel=3)
+                      "mostly waiting GPU's, so energy per token comes out low (the H100 fit's 305 W at its first "
+                      "point, a batch of 64, is 41% under ML.ENERGY v3's 514 W for Qwen3-8B chat there); the "
+                      "mlenergy-v3-* fits were measured on vLLM 0.11", InputWarning, stacklevel=3)

@@ -48,9 +48,9 @@ Here the same rule runs on the router's records, in tokens and in simulated time
 * the eviction runs at every multiple of ``eviction_interval_s`` from the run's start (SGLang's
   thread sleeps the interval, then evicts, and again), before a request arriving at the same
   time is routed; the clock is the time the router is asked at (never going back): a request's
-  arrival, or for a decode pool's router its prompt's handoff (``routing_time``), so evictions due in a quiet
-  spell all happen, as one, when the next request arrives -- the same result, as nothing changes
-  in between. The interval defaults to the launcher's 60 s (the newest
+  arrival, or for a decode pool's router its prompt's handoff (``routing_time``), so evictions due
+  in a quiet spell all happen, as one, when the next request arrives -- the same result, as
+  nothing changes in between. The interval defaults to the launcher's 60 s (the newest
   ``router_args.py``, ``sgl-model-gateway/bindings/python/src/sglang_router``, where the ``manual``
   policy shares it; 120 s in the earlier launchers, ``sgl-router/py_src`` and
   ``sgl-model-gateway/bindings/python/sglang_router``, and in the Rust command line, ``main.rs``);
