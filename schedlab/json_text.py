@@ -17,19 +17,27 @@ class JsonTextError(ValueError):
     :ivar reason: what is wrong, e.g. ``Expecting value``.
     :ivar document: the document (1, 2, ...) it is in.
     :ivar line: its line in the text (None: not a syntax error).
+    :ivar column: its column in that line (None: not a syntax error).
     """
 
-    def __init__(self, reason: str, document: int, line: int | None):
+    def __init__(self, reason: str, document: int, line: int | None, column: int | None = None):
         super().__init__(reason)
-        self.reason, self.document, self.line = reason, document, line
+        self.reason, self.document, self.line, self.column = reason, document, line, column
+
+    @property
+    def where(self) -> str:
+        """``reason`` and where in the text, as ``json`` says it (``Unterminated string starting at:
+        line 1 column 204``): a file cut short says where it stops."""
+        if self.line is None:
+            return self.reason
+        return f"{self.reason}: line {self.line}" + (f" column {self.column}" if self.column is not None else "")
 
     @property
     def detail(self) -> str:
-        """``reason``, preceded by where it is when the text held documents before it."""
+        """:attr:`where`, preceded by the document when the text held documents before it."""
         if self.document == 1:
-            return self.reason
-        at = f", line {self.line}" if self.line is not None else ""
-        return f"document {self.document}{at}: {self.reason}"
+            return self.where
+        return f"document {self.document}: {self.where}"
 
 
 def unreadable_json(exc: BaseException) -> str:
@@ -57,7 +65,7 @@ def json_documents(text: str) -> list:
         try:
             document, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError as exc:
-            raise JsonTextError(exc.msg, len(documents) + 1, exc.lineno) from None
+            raise JsonTextError(exc.msg, len(documents) + 1, exc.lineno, exc.colno) from None
         except (ValueError, RecursionError) as exc:
             raise JsonTextError(unreadable_json(exc), len(documents) + 1, None) from None
         documents.append(document)

@@ -550,7 +550,7 @@ def _json_documents(text: str, path: Path, where: str) -> list:
             raise ConfigError(f"{where}: not JSON ({exc.detail})") from None
         if exc.line is not None and (path.suffix.lower() in (".yaml", ".yml") or _YAML_START.match(text, start)):
             return [_yaml_document(text, where)]
-        raise ConfigError(f"{where}: neither JSON ({exc.reason}) nor a Prometheus scrape") from None
+        raise ConfigError(f"{where}: neither JSON ({exc.where}) nor a Prometheus scrape") from None
 
 
 def _yaml_document(text: str, where: str):

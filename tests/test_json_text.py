@@ -26,8 +26,9 @@ def test_documents_need_no_separator_where_json_does_not():
 
 
 @pytest.mark.parametrize("text, document, line, reason, detail", [
-    ("", 1, 1, "Expecting value", "Expecting value"),
-    ('{"a": 1}\n{"b": }', 2, 2, "Expecting value", "document 2, line 2: Expecting value"),
+    ("", 1, 1, "Expecting value", "Expecting value: line 1 column 1"),
+    ('{"a": 1}\n{"b": }', 2, 2, "Expecting value", "document 2: Expecting value: line 2 column 7"),
+    ('{"a": "cut sho', 1, 1, "Unterminated string starting at", "Unterminated string starting at: line 1 column 7"),
     ('{"a": 1}' + "[" * 100_000, 2, None, "lists or objects nested too deeply to read",
      "document 2: lists or objects nested too deeply to read"),
     ("1" * 5000, 1, None, "a number too long to read (more than 4300 digits)",

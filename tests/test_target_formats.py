@@ -172,8 +172,13 @@ def test_a_file_of_appended_runs_reads_the_last_or_the_one_index_names(tmp_path)
         read_summary(_write(tmp_path / "one.json", first), index=0)
     with pytest.raises(ConfigError) as info:
         read_summary(_write(tmp_path / "bad.json", json.dumps(first) + "\n{oops"))
-    assert str(info.value) == (f"--target {tmp_path / 'bad.json'}: not JSON (document 2, line 2: Expecting "
-                               f"property name enclosed in double quotes)")
+    assert str(info.value) == (f"--target {tmp_path / 'bad.json'}: not JSON (document 2: Expecting "
+                               f"property name enclosed in double quotes: line 2 column 2)")
+    # a file cut short says where it stops (it ended at "at")
+    with pytest.raises(ConfigError) as info:
+        read_summary(_write(tmp_path / "cut.json", '{"model_id": "lla'))
+    assert str(info.value).endswith(": neither JSON (Unterminated string starting at: line 1 column 14) nor a "
+                                    "Prometheus scrape")
 
 
 @pytest.mark.parametrize("text, reason", [("[" * 100_000 + "]" * 100_000, "lists or objects nested too deeply to read"),

@@ -264,7 +264,7 @@ def test_an_index_past_the_results_says_how_many_there_are(tmp_path, registry):
 def test_bad_json_after_the_first_result_names_the_document(tmp_path):
     path = tmp_path / "append.json"
     path.write_text(json.dumps(bench(1, starts=[1.0])) + "\n{oops")
-    with pytest.raises(WorkloadError, match=r"append\.json: not JSON \(document 2, line 2: "):
+    with pytest.raises(WorkloadError, match=r"append\.json: not JSON \(document 2: Expecting .*: line 2 column 2\)"):
         load_vllm_bench(path)
 
 
@@ -463,3 +463,14 @@ def test_inference_perf_older_and_newer_layouts_still_read(tmp_path):
     _, columns, measured, _ = load_inference_perf(write_json(tmp_path / "ip.json", [old, new]), prefix_blocks="none")
     assert columns.prompt_tokens.tolist() == [12, 30] and columns.output_tokens.tolist() == [5, 3]
     assert measured.ttft_ms.tolist() == pytest.approx([100.0, 50.0])
+
+
+def test_a_json_file_cut_short_says_where_it_stops(tmp_path):
+    """A report copied while its tool was still writing: json's message ends in "at", and its
+    position is what says the file stops there (it was left out: "not JSON (Unterminated string
+    starting at)")."""
+    path = tmp_path / "cut.json"
+    path.write_text('[{"request": "hel')
+    with pytest.raises(WorkloadError) as info:
+        load_inference_perf(path)
+    assert str(info.value) == f"{path}: not JSON (Unterminated string starting at: line 1 column 14)"

@@ -626,7 +626,7 @@ def read_json_file(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
+        raise WorkloadError(f"{path}: not JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:
         raise WorkloadError(f"{path}: not JSON ({unreadable_json(exc)})") from None
 
