@@ -9,6 +9,17 @@ import json
 import sys
 
 _BLANK = " \t\r\n"
+#: UTF-16's byte-order marks (what Windows PowerShell 5's ``>`` and ``Out-File`` write)
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+#: what to say of such a file
+UTF16_ADVICE = ("not UTF-8 text (it looks like UTF-16, e.g. from PowerShell's >: save it as UTF-8, e.g. with "
+                "Out-File -Encoding utf8)")
+
+
+def looks_utf16(raw: bytes) -> bool:
+    """Whether ``raw`` is UTF-16 text: a byte-order mark, or every other byte of its start 0."""
+    head = raw[:1024]
+    return raw.startswith(UTF16_BOMS) or (len(head) > 1 and (not any(head[0::2]) or not any(head[1::2])))
 
 
 class JsonTextError(ValueError):

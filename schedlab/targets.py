@@ -143,7 +143,7 @@ import numpy as np
 
 from .configs import FieldError, int_field, not_regular_file, path_field, str_field
 from .errors import ConfigError, InputWarning, brief
-from .json_text import JsonTextError, json_documents
+from .json_text import UTF16_ADVICE, JsonTextError, json_documents, looks_utf16
 
 #: Latency groups: the run's metric prefix, and how each source names it.
 #: ``queue_ms`` runs from a request's arrival at the engine, ``loop_queue_ms`` from its engine loop taking it (vLLM's
@@ -497,10 +497,6 @@ def _say_notes(summary: Summary, statistics=None) -> Summary:
     return summary
 
 
-#: UTF-16's byte-order marks (what Windows PowerShell 5's ``>`` and ``Out-File`` write)
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-
-
 def _read_text(path: Path, name: str) -> str:
     """The text of the file ``name`` (an option or a table's key) gives, or a ConfigError. UTF-8,
     with or without a byte-order mark (Windows tools write one); UTF-16 is named as such."""
@@ -513,10 +509,8 @@ def _read_text(path: Path, name: str) -> str:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{name} {path}: cannot be read ({exc.__class__.__name__}: {exc})") from None
-    head = raw[:1024]
-    if raw.startswith(_UTF16_BOMS) or (len(head) > 1 and (not any(head[0::2]) or not any(head[1::2]))):
-        raise ConfigError(f"{name} {path}: not UTF-8 text (it looks like UTF-16, e.g. from PowerShell's >: save it "
-                          f"as UTF-8, e.g. with Out-File -Encoding utf8)")
+    if looks_utf16(raw):
+        raise ConfigError(f"{name} {path}: {UTF16_ADVICE}")
     if raw.startswith(b"\x1f\x8b"):
         raise ConfigError(f"{name} {path}: gzip-compressed: decompress it first (gunzip)")
     if raw.startswith(b"version https://git-lfs.github.com/spec/"):

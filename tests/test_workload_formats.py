@@ -474,3 +474,18 @@ def test_a_json_file_cut_short_says_where_it_stops(tmp_path):
     with pytest.raises(WorkloadError) as info:
         load_inference_perf(path)
     assert str(info.value) == f"{path}: not JSON (Unterminated string starting at: line 1 column 14)"
+
+
+@pytest.mark.parametrize("content, said", [
+    ('[{"request": 1}]'.encode("utf-16"), "not UTF-8 text (it looks like UTF-16, e.g. from PowerShell's >: save "
+                                          "it as UTF-8, e.g. with Out-File -Encoding utf8)"),
+    (b" \n\n", "the file is empty"),
+])
+def test_a_utf16_or_empty_report_is_named_as_the_target_reader_names_it(tmp_path, content, said):
+    """The workload readers said "invalid start byte at byte 0" and "not JSON (Expecting value)"
+    where [target] names UTF-16 (what PowerShell's > writes) and an empty file."""
+    path = tmp_path / "report.json"
+    path.write_bytes(content)
+    with pytest.raises(WorkloadError) as info:
+        load_inference_perf(path)
+    assert str(info.value) == f"{path}: {said}"

@@ -38,7 +38,7 @@ import numpy as np
 
 from schedlab.configs import MAX_FLOAT_INT, bound_text, not_regular_file
 from schedlab.errors import WorkloadError
-from schedlab.json_text import JsonTextError, json_documents, unreadable_json
+from schedlab.json_text import UTF16_ADVICE, JsonTextError, json_documents, looks_utf16, unreadable_json
 
 from .arrow_text import read_csv_arrow, read_jsonl_arrow
 from .fast_text import (
@@ -604,19 +604,27 @@ def check_regular_file(path: str | os.PathLike) -> None:
 
 def read_json_text(path: Path) -> str:
     """The text of a JSON file: UTF-8, a leading byte order mark skipped, decompressed when it is
-    gzip; WorkloadError naming the file when it is missing, not a regular file or not UTF-8."""
+    gzip; WorkloadError naming the file when it is missing, not a regular file, not UTF-8 (UTF-16
+    named as such) or empty."""
     check_regular_file(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
     check_not_lfs_pointer(path)
     try:
-        return read_file_bytes(path).decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise WorkloadError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raw = read_file_bytes(path)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise gzip_problem(str(path), exc) from None
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if looks_utf16(raw):
+        raise WorkloadError(f"{path}: {UTF16_ADVICE}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise WorkloadError(f"{path}: the file is empty")
+    return text
 
 
 def read_json_file(path: Path) -> Any:
