@@ -1458,6 +1458,7 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     """
     series: dict[tuple[str, str], dict] = {}
     samples: dict[tuple, int] = {}   # (name, labels, bucket bound) -> the line that gave it
+    models: set = set()              # the model_name labels of its histograms (one server serves one)
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -1473,6 +1474,8 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         value = _sample_value(raw, name, suffix, f"{source}: line {number}")
         pairs = dict(_LABEL.findall(labels))
         le = pairs.pop("le", None)
+        if "model_name" in pairs:
+            models.add(pairs["model_name"])
         label_set = ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))
         bound = None
         if suffix == "_bucket":
@@ -1505,6 +1508,11 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         if not all(map(math.isfinite, (total["sum"], total["count"], *total["buckets"].values()))):
             raise ConfigError(f"{source}: {metric}: its label sets' counts or sums add up past a float's range "
                               "(1.8e308): not a scrape of a server's observations")
+    if len(models) > 1:  # (a gateway's or a federation's scrape: several servers' requests in one distribution)
+        named = ", ".join(sorted(models)[:4]) + (", ..." if len(models) > 4 else "")
+        warnings.warn(f"{source}: its histograms hold {len(models)} models (model_name {named}), summed as one "
+                      "server's requests: scrape the server of the model you simulate, or keep its series only",
+                      TargetWarning, stacklevel=4)
     return found
 
 

@@ -6,6 +6,7 @@ hand from the file written."""
 
 import gzip
 import json
+import warnings
 import math
 import sys
 
@@ -95,6 +96,22 @@ def test_label_sets_with_different_buckets_are_summed_where_each_count_is_known(
     assert s.values == pytest.approx({"e2e_ms.mean": 603e3 / 110, "e2e_ms.p50": 70.0, "e2e_ms.p90": 19000.0,
                                       "e2e_ms.p99": 20000.0 + 20000.0 * 8.9 / 10})
     assert s.requests == 110
+
+
+def test_a_scrape_of_several_models_is_summed_with_a_warning(tmp_path):
+    """A gateway's or a federation's scrape holds several servers' histograms (model_name llama
+    and qwen): summed as before, but said -- one server serves one model, and one distribution of
+    two models' requests is neither's. One model's pods (instance a, b) are summed silently."""
+    two = _ttft_scrape('model_name="llama"').replace("# EOF\n", "") + _ttft_scrape('model_name="qwen"')
+    with pytest.warns(TargetWarning, match=r"two\.prom: its histograms hold 2 models \(model_name llama, qwen\), "
+                                           r"summed as one server's requests"):
+        s = read_summary(_write(tmp_path / "two.prom", two))
+    assert s.histograms["ttft_ms"].counts[-1] == 100
+    pods = _ttft_scrape('model_name="m",instance="a"').replace("# EOF\n", "") + \
+        _ttft_scrape('model_name="m",instance="b"')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetWarning)
+        assert read_summary(_write(tmp_path / "pods.prom", pods)).histograms["ttft_ms"].counts[-1] == 100
 
 
 def test_a_bound_some_label_set_cannot_count_is_left_out_and_no_baseline_is_named(tmp_path):
