@@ -1499,8 +1499,9 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for (metric, label_set), entry in series.items():
         _check_series(metric, label_set, entry, source)
-        total = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0, "series": []})
+        total = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0, "series": [], "labels": set()})
         total["series"].append(entry["buckets"])
+        total["labels"].add(label_set)
         total["sum"] += entry["sum"]
         total["count"] += entry["count"][0] if entry["count"] is not None else entry["buckets"].get(math.inf, 0.0)
     for metric, total in found.items():
@@ -1667,6 +1668,12 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
         if b is None:
             b = {"buckets": {}, "sum": 0.0, "count": 0.0}
         else:   # the bounds both scrapes hold (the label sets summed may keep different ones: _sum_series)
+            gone = b.get("labels", set()) - a.get("labels", set())
+            if gone:  # (differenced as sums, another server's counts would be taken off this one's)
+                raise ConfigError(f"{baseline or source}: {metric}: the baseline's series "
+                                  f"{{{sorted(gone)[0]}}} is not in the target's scrape (its series: "
+                                  f"{', '.join('{' + x + '}' for x in sorted(a.get('labels', set()))[:3])}): "
+                                  "scrape the same server before and after")
             common = set(a["buckets"]) & set(b["buckets"])
             if not any(map(math.isfinite, common)) and any(map(math.isfinite, a["buckets"])):
                 raise ConfigError(f"{baseline or source}: {metric}: the baseline's buckets share no bound with the "

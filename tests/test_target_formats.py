@@ -114,6 +114,22 @@ def test_a_scrape_of_several_models_is_summed_with_a_warning(tmp_path):
         assert read_summary(_write(tmp_path / "pods.prom", pods)).histograms["ttft_ms"].counts[-1] == 100
 
 
+def test_a_baseline_of_another_servers_series_is_refused(tmp_path):
+    """Before and after are differenced as sums over their series: a baseline scraped from another
+    server (model_name mistral against llama, the same counts) took this one's every request off
+    and said "none ... has an observation since the baseline". The same server's is read."""
+    after = _write(tmp_path / "after.prom", _ttft_scrape('model_name="llama"'))
+    with pytest.raises(ConfigError) as info:
+        read_summary(after, baseline=_write(tmp_path / "other.prom", _ttft_scrape('model_name="mistral"')))
+    assert str(info.value) == (f"--target-baseline {tmp_path / 'other.prom'}: {TTFT}: the baseline's series {{model_name=mistral}} is "
+                               "not in the target's scrape (its series: {model_name=llama}): scrape the same server "
+                               "before and after")
+    empty = _ttft_scrape('model_name="llama"').replace(" 30.0\n", " 0\n").replace(" 45\n", " 0\n")
+    empty = empty.replace(" 50\n", " 0\n").replace(" 2.1\n", " 0\n")
+    s = read_summary(after, baseline=_write(tmp_path / "before.prom", empty))
+    assert s.values == pytest.approx(TTFT_VALUES)
+
+
 def test_a_bound_some_label_set_cannot_count_is_left_out_and_no_baseline_is_named(tmp_path):
     """Pod a has 3 observations between 10 s and +Inf: its count at 20 s is unknown, so 20 s is
     left out; 10 s (5 + 2) and +Inf (8 + 4) stay. p50: rank 6 in (0, 10] s holding 7."""
