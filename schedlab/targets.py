@@ -1089,40 +1089,42 @@ INFERENCE_PERF_NOT_READ = {"tgi": ("time_per_output_token", "prompt_len", "outpu
                            "sglang": ("time_per_output_token",)}
 
 
-def _inference_perf_config(path: Path) -> tuple[Path, list[str]] | None:
+def _inference_perf_config(path: Path) -> tuple[Path, dict] | None:
     """The inference-perf ``config.yaml`` beside the report (or a folder up, where a run keeps its
-    stages' reports) and its lines; None when there is none."""
+    stages' reports) and what it holds (block or flow style: a YAML parser reads it); None when
+    there is none, or, with a warning, when it is not YAML."""
+    import yaml
+
     for folder in (path.parent, path.parent.parent):
         config = folder / "config.yaml"
-        try:
-            return config, config.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
+        if not config.is_file():
             continue
+        try:
+            data = yaml.safe_load(config.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, yaml.YAMLError) as exc:
+            warnings.warn(f"{config}: not readable as YAML ({brief(str(exc).splitlines()[0] if str(exc) else exc)}): "
+                          "the report beside it is read as a vLLM server's, with inference-perf's default scrape "
+                          "interval", TargetWarning, stacklevel=4)
+            return None
+        return config, data if isinstance(data, dict) else {}
     return None
 
 
-def _yaml_block_value(lines: list[str], block: str, key: str) -> str | None:
-    """The value written for ``key`` on an indented line of the top-level ``block:`` of a YAML
-    file, unquoted (None when it holds none). Read line by line: the keys read need no YAML parser."""
-    inside = False
-    for line in lines:
-        if re.match(block + r"\s*:\s*(#.*)?$", line):
-            inside = True
-        elif inside and line.strip() and not line[0].isspace():
-            break
-        elif inside:
-            match = re.match(r"\s+" + key + r"\s*:\s*['\"]?([^'\"#\s]*)", line)
-            if match:
-                return match.group(1)
-    return None
+def _config_value(data: dict, *keys: str):
+    """``data[keys[0]][keys[1]]...``, or None where a level is missing or not a table."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
 
 
 def _inference_perf_server(path: Path) -> str:
     """The ``server.type`` of the inference-perf ``config.yaml`` beside the report (or a folder
     up), lower case; ``vllm`` (inference-perf's default) when there is none."""
     config = _inference_perf_config(path)
-    server = _yaml_block_value(config[1], "server", "type") if config else None
-    return server.lower() if server else "vllm"
+    server = _config_value(config[1], "server", "type") if config else None
+    return str(server).lower() if server else "vllm"
 
 
 #: inference-perf's wait past a run's end before it queries Prometheus, beyond the scrape interval
@@ -1144,12 +1146,12 @@ def _inference_perf_window_pad_s(path: Path) -> float:
     :raises ConfigError: a ``scrape_interval`` that is not a number of seconds >= 0.
     """
     config = _inference_perf_config(path)
-    raw = _yaml_block_value(config[1], "metrics", "scrape_interval") if config else None
-    if raw is None or raw in ("", "null", "~"):
+    raw = _config_value(config[1], "metrics", "prometheus", "scrape_interval") if config else None
+    if raw is None or raw == "":
         return INFERENCE_PERF_SCRAPE_INTERVAL_S + INFERENCE_PERF_SCRAPE_BUFFER_S
     try:
-        interval = float(raw)
-    except ValueError:
+        interval = math.nan if isinstance(raw, bool) else float(raw)
+    except (TypeError, ValueError):
         interval = math.nan
     if not (math.isfinite(interval) and interval >= 0):
         raise ConfigError(f"{config[0]}: metrics.prometheus.scrape_interval: must be a number of seconds >= 0, got "

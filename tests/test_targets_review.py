@@ -5,6 +5,7 @@ tool's own layout, every expected number worked out by hand in the test's docstr
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -248,6 +249,9 @@ IP_SERVER = {"successes": {"count": 2, "rate": 0.1, "prompt_len": {"mean": 100.0
     ("metrics:\n  type: prometheus\n  prometheus:\n    url: http://prom:9090\n    scrape_interval: 5\n", 5 + 2),
     ("metrics:\n  prometheus:\n    scrape_interval: 0   # its client's fallback\n", 30 + 2),
     ("server:\n  type: vllm\nmetrics:\n  prometheus:\n    scrape_interval: '60'\n", 60 + 2),
+    # flow style, as valid YAML as the block style (it was read line by line and missed: 15 + 2)
+    ("server: {type: vllm, model_name: m}\nmetrics: {type: prometheus, prometheus: {scrape_interval: 30}}\n",
+     30 + 2),
 ])
 def test_inference_perf_server_rates_divide_by_its_prometheus_window(tmp_path, config, pad):
     """inference-perf queries ``sum(rate(X[{duration}s]))`` at ``scrape_interval`` + 2 s after
@@ -264,6 +268,16 @@ def test_inference_perf_server_rates_divide_by_its_prometheus_window(tmp_path, c
     assert simulated(summary, run) == pytest.approx({"e2e_ms.mean": 15.0, "request_throughput_rps": 2 / window,
                                                      "output_throughput_tps": 2 / window,
                                                      "total_throughput_tps": 202 / window})
+
+
+def test_an_inference_perf_config_that_is_not_yaml_is_said_not_skipped(tmp_path):
+    """A config.yaml beside the report that is no YAML was ignored without a word (the report read
+    as a vLLM server's, with the default scrape interval): now the same, with a warning naming it."""
+    config = _write(tmp_path / "config.yaml", "server: {type: tgi\nmetrics: [\n")
+    with pytest.warns(TargetWarning, match=rf"^{re.escape(str(config))}: not readable as YAML .*: the report beside "
+                                           r"it is read as a vLLM server's"):
+        summary = read_summary(_write(tmp_path / "summary_prometheus_metrics.json", IP_SERVER))
+    assert summary.window_pad_s == 15 + 2 and summary.server == "vllm"
 
 
 def test_an_inference_perf_scrape_interval_that_is_no_number_is_refused(tmp_path):
