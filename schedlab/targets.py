@@ -145,6 +145,8 @@ from .configs import FieldError, int_field, not_regular_file, path_field, str_fi
 from .errors import ConfigError, InputWarning, brief
 from .json_text import UTF16_ADVICE, JsonTextError, json_documents, looks_utf16
 
+#: what every line of a per-request vLLM log holds (the ``vllm_log`` workload), which is no summary
+VLLM_LOG_FIELDS = frozenset({"queued_ts", "scheduled_ts", "first_token_ts"})
 #: Latency groups: the run's metric prefix, and how each source names it.
 #: ``queue_ms`` runs from a request's arrival at the engine, ``loop_queue_ms`` from its engine loop taking it (vLLM's
 #: and SGLang's queue-time histograms; :mod:`schedlab.engine.taking`), both to its first scheduling
@@ -447,6 +449,10 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
         raise ConfigError(f"{names['baseline']}: only a Prometheus scrape has a baseline; {path} is not one")
     source = str(path)
     documents = _json_documents(text, path, where)
+    if all(isinstance(d, dict) and VLLM_LOG_FIELDS <= d.keys() for d in documents[:3]):
+        raise ConfigError(f"{where}: a per-request vLLM log (a request a line, with "
+                          f"{', '.join(sorted(VLLM_LOG_FIELDS))}), not a summary of a run: replay it as the "
+                          "workload ([workload] kind = \"vllm_log\"), and each run is compared with it")
     if len(documents) > 1:   # vllm bench serve --append-result: one document per run
         chosen = len(documents) - 1 if index is None else index
         if not 0 <= chosen < len(documents):

@@ -375,3 +375,17 @@ def test_vllm_v03s_request_inthroughput_is_the_request_throughput(tmp_path):
     assert s.values["request_throughput_rps"] == 5.0
     with pytest.raises(ConfigError, match=r"v03.json: request_inthroughput: must be a number, got 'x'"):
         read_summary(_write(tmp_path / "v03.json", {**old, "request_inthroughput": "x"}))
+
+
+def test_a_per_request_vllm_log_given_as_a_target_says_where_it_goes(tmp_path):
+    """It was refused as 'document 19 of 20: not a vllm bench serve result, ...' (its lines read as
+    appended runs): it is a workload, which each run is compared with."""
+    rows = [{"request_id": f"r{i}", "input_toks": 10, "output_toks": 5, "arrival_time": 1.0 + i,
+             "queued_ts": 10.0 + i, "scheduled_ts": 10.0 + i, "first_token_ts": 10.1 + i, "last_token_ts": 10.5 + i}
+            for i in range(3)]
+    path = _write(tmp_path / "log.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ConfigError) as info:
+        read_summary(path)
+    assert str(info.value) == (f"--target {path}: a per-request vLLM log (a request a line, with first_token_ts, "
+                               "queued_ts, scheduled_ts), not a summary of a run: replay it as the workload "
+                               "([workload] kind = \"vllm_log\"), and each run is compared with it")
