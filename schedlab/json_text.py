@@ -29,11 +29,15 @@ class JsonTextError(ValueError):
     :ivar document: the document (1, 2, ...) it is in.
     :ivar line: its line in the text (None: not a syntax error).
     :ivar column: its column in that line (None: not a syntax error).
+    :ivar complete: the documents read whole before it (a file of appended runs whose last was cut
+        short still holds the runs before it).
     """
 
-    def __init__(self, reason: str, document: int, line: int | None, column: int | None = None):
+    def __init__(self, reason: str, document: int, line: int | None, column: int | None = None,
+                 complete: tuple = ()):
         super().__init__(reason)
         self.reason, self.document, self.line, self.column = reason, document, line, column
+        self.complete = complete
 
     @property
     def where(self) -> str:
@@ -76,7 +80,23 @@ def json_documents(text: str) -> list:
         try:
             document, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError as exc:
-            raise JsonTextError(exc.msg, len(documents) + 1, exc.lineno, exc.colno) from None
+            raise JsonTextError(exc.msg, len(documents) + 1, exc.lineno, exc.colno, tuple(documents)) from None
         except (ValueError, RecursionError) as exc:
-            raise JsonTextError(unreadable_json(exc), len(documents) + 1, None) from None
+            raise JsonTextError(unreadable_json(exc), len(documents) + 1, None, None, tuple(documents)) from None
         documents.append(document)
+
+
+def documents_before_break(exc: JsonTextError, index: int | None) -> list | None:
+    """The documents to read when document ``exc.document`` is broken but the one asked for,
+    ``index`` (0-based; None: the last), was read whole before it -- else None. A run killed while
+    ``vllm bench serve --append-result`` wrote its result leaves the runs before it readable."""
+    if index is None or not 0 <= index < len(exc.complete):
+        return None
+    return list(exc.complete)
+
+
+def cut_short_note(exc: JsonTextError, index: int) -> str:
+    """What to say when document ``index`` is read from a file whose document ``exc.document`` is
+    broken."""
+    return (f"document {exc.document} is not JSON ({exc.where}: a run cut short?); reading document index "
+            f"{index}, one of the {len(exc.complete)} before it")

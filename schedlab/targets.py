@@ -143,7 +143,7 @@ import numpy as np
 
 from .configs import FieldError, int_field, not_regular_file, path_field, str_field
 from .errors import ConfigError, InputWarning, brief
-from .json_text import UTF16_ADVICE, JsonTextError, json_documents, looks_utf16
+from .json_text import UTF16_ADVICE, JsonTextError, cut_short_note, documents_before_break, json_documents, looks_utf16
 
 #: what every line of a per-request vLLM log holds (the ``vllm_log`` workload), which is no summary
 VLLM_LOG_FIELDS = frozenset({"queued_ts", "scheduled_ts", "first_token_ts"})
@@ -448,7 +448,7 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     if baseline:
         raise ConfigError(f"{names['baseline']}: only a Prometheus scrape has a baseline; {path} is not one")
     source = str(path)
-    documents = _json_documents(text, path, where)
+    documents = _json_documents(text, path, where, index, names['index'])
     if all(isinstance(d, dict) and VLLM_LOG_FIELDS <= d.keys() for d in documents[:3]):
         raise ConfigError(f"{where}: a per-request vLLM log (a request a line, with "
                           f"{', '.join(sorted(VLLM_LOG_FIELDS))}), not a summary of a run: replay it as the "
@@ -533,12 +533,15 @@ _SPACE = re.compile(r"\s*")
 _YAML_START = re.compile(r"(?:---|[A-Za-z_][\w-]*:)(?:\s|$)")
 
 
-def _json_documents(text: str, path: Path, where: str) -> list:
+def _json_documents(text: str, path: Path, where: str, index: int | None, index_name: str) -> list:
     """The JSON documents of ``text``: one, or several one after the other (``vllm bench serve
     --append-result`` appends each run's). A YAML file (guidellm writes one) is read with
-    PyYAML where it is installed, else refused saying how to write the JSON report.
+    PyYAML where it is installed, else refused saying how to write the JSON report. When a later
+    document is broken (a run killed while its result was written), the ones before it are read
+    if ``index`` picks one of them, with a warning.
 
-    :raises ConfigError: an empty file, text that is no JSON, or a later document that is not.
+    :raises ConfigError: an empty file, text that is no JSON, or a later document that is not
+        (and ``index`` picks none before it).
     """
     start = _SPACE.match(text).end()
     if start == len(text):
@@ -547,7 +550,12 @@ def _json_documents(text: str, path: Path, where: str) -> list:
         return json_documents(text)
     except JsonTextError as exc:
         if exc.document > 1:
-            raise ConfigError(f"{where}: not JSON ({exc.detail})") from None
+            whole = documents_before_break(exc, index)
+            if whole is not None:
+                warnings.warn(f"{where}: {cut_short_note(exc, index)}", TargetWarning, stacklevel=4)
+                return whole
+            raise ConfigError(f"{where}: not JSON ({exc.detail}); the {exc.document - 1} document(s) before it "
+                              f"are whole: {index_name} 0..{exc.document - 2} reads one") from None
         if exc.line is not None and (path.suffix.lower() in (".yaml", ".yml") or _YAML_START.match(text, start)):
             return [_yaml_document(text, where)]
         raise ConfigError(f"{where}: neither JSON ({exc.where}) nor a Prometheus scrape") from None

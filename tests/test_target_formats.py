@@ -206,12 +206,28 @@ def test_a_file_of_appended_runs_reads_the_last_or_the_one_index_names(tmp_path)
     with pytest.raises(ConfigError) as info:
         read_summary(_write(tmp_path / "bad.json", json.dumps(first) + "\n{oops"))
     assert str(info.value) == (f"--target {tmp_path / 'bad.json'}: not JSON (document 2: Expecting "
-                               f"property name enclosed in double quotes: line 2 column 2)")
+                               f"property name enclosed in double quotes: line 2 column 2); the 1 document(s) "
+                               f"before it are whole: --target-index 0..0 reads one")
     # a file cut short says where it stops (it ended at "at")
     with pytest.raises(ConfigError) as info:
         read_summary(_write(tmp_path / "cut.json", '{"model_id": "lla'))
     assert str(info.value).endswith(": neither JSON (Unterminated string starting at: line 1 column 14) nor a "
                                     "Prometheus scrape")
+
+
+def test_the_whole_runs_before_one_cut_short_are_read_when_index_picks_one(tmp_path):
+    """A run killed while --append-result wrote its result leaves the runs before it readable."""
+    runs = [{**BENCH, "mean_ttft_ms": 45.1}, {**BENCH, "mean_ttft_ms": 99.0}]
+    cut = json.dumps({**BENCH, "mean_ttft_ms": 7.0})[:40]
+    path = _write(tmp_path / "b.json", "\n".join(json.dumps(run) for run in runs) + "\n" + cut)
+    for index, ttft in ((0, 45.1), (1, 99.0)):
+        with pytest.warns(TargetWarning, match=rf"b.json: document 3 is not JSON \(Unterminated string .*: a run "
+                                               rf"cut short\?\); reading document index {index}, one of the 2 before"):
+            assert read_summary(path, index=index).values["ttft_ms.mean"] == ttft
+    for index in (None, 2):   # the last (the default) and the broken one itself are not there to read
+        with pytest.raises(ConfigError, match=r"not JSON \(document 3: .*\); the 2 document\(s\) before it are "
+                                              r"whole: --target-index 0..1 reads one$"):
+            read_summary(path, index=index)
 
 
 @pytest.mark.parametrize("text, reason", [("[" * 100_000 + "]" * 100_000, "lists or objects nested too deeply to read"),

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
-from schedlab.errors import ConfigError, WorkloadError
+from schedlab.errors import ConfigError, InputWarning, WorkloadError
 from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins import workloads
 from schedlab_plugins.workloads.inference_perf import load_inference_perf
@@ -266,6 +266,20 @@ def test_bad_json_after_the_first_result_names_the_document(tmp_path):
     path.write_text(json.dumps(bench(1, starts=[1.0])) + "\n{oops")
     with pytest.raises(WorkloadError, match=r"append\.json: not JSON \(document 2: Expecting .*: line 2 column 2\)"):
         load_vllm_bench(path)
+
+
+def test_the_whole_results_before_one_cut_short_are_read_when_index_picks_one(tmp_path):
+    path = appended(tmp_path)
+    path.write_text(path.read_text() + "\n" + json.dumps(bench(1, starts=[1.0]))[:30])   # a third, cut short
+    with pytest.warns(InputWarning, match=r"append\.json: document 3 is not JSON \(.*: a run cut short\?\); "
+                                          r"reading document index 1, one of the 2 before it"):
+        assert load_vllm_bench(path, index=1).columns.prompt_tokens.tolist() == [20, 21, 22]
+    with pytest.warns(InputWarning, match="reading document index 0"):
+        assert load_vllm_bench(path, index=0).columns.prompt_tokens.tolist() == [10, 11]
+    for index in (None, 2):
+        with pytest.raises(WorkloadError, match=r"not JSON \(document 3: .*\); the 2 document\(s\) before it are "
+                                                r"whole: index 0..1 reads one$"):
+            load_vllm_bench(path, index=index)
 
 
 # -- 5. byte order marks --------------------------------------------------------------------------------------

@@ -460,7 +460,7 @@ def _bench_seconds(path, key, values, keep, *, allow_none=False) -> np.ndarray:
 def _bench_document(path: Path, index: int | None):
     """The result ``index`` of the file (the last when None): ``--append-result`` writes each
     run's result after the ones already in the file."""
-    documents = read_json_documents(path)
+    documents = read_json_documents(path, index)
     if index is None:
         return documents[-1]
     if index >= len(documents):

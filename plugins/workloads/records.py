@@ -29,6 +29,7 @@ import io
 import json
 import math
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -37,8 +38,9 @@ import attrs
 import numpy as np
 
 from schedlab.configs import MAX_FLOAT_INT, bound_text, not_regular_file
-from schedlab.errors import WorkloadError
-from schedlab.json_text import UTF16_ADVICE, JsonTextError, json_documents, looks_utf16, unreadable_json
+from schedlab.errors import InputWarning, WorkloadError
+from schedlab.json_text import (UTF16_ADVICE, JsonTextError, cut_short_note, documents_before_break, json_documents,
+                                looks_utf16, unreadable_json)
 
 from .arrow_text import read_csv_arrow, read_jsonl_arrow
 from .fast_text import (
@@ -639,13 +641,21 @@ def read_json_file(path: Path) -> Any:
         raise WorkloadError(f"{path}: not JSON ({unreadable_json(exc)})") from None
 
 
-def read_json_documents(path: Path) -> list:
+def read_json_documents(path: Path, index: int | None = None) -> list:
     """Every JSON document in ``path``, in order: one, or several one after another (separated by
-    whitespace or not at all) as ``vllm bench serve --append-result`` writes them."""
+    whitespace or not at all) as ``vllm bench serve --append-result`` writes them. When a later
+    document is broken (a run killed while writing its result), the whole ones before it when
+    ``index`` (0-based) picks one of them, with a warning."""
     try:
         return json_documents(read_json_text(path))
     except JsonTextError as exc:
-        raise WorkloadError(f"{path}: not JSON ({exc.detail})") from None
+        whole = documents_before_break(exc, index)
+        if whole is not None:
+            warnings.warn(f"{path}: {cut_short_note(exc, index)}", InputWarning, stacklevel=3)
+            return whole
+        before = (f"; the {exc.document - 1} document(s) before it are whole: index 0..{exc.document - 2} reads one"
+                  if exc.document > 1 else "")
+        raise WorkloadError(f"{path}: not JSON ({exc.detail}){before}") from None
 
 
 def jsonl_objects(handle, name: str, limit: int | None = None):
