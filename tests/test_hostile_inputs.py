@@ -938,6 +938,14 @@ def test_vllm_log_timestamps_beyond_the_clock_are_refused_without_a_numpy_warnin
     done = _cli("validate", str(tmp_path / "exp.toml"))
     one_error(done.returncode, done.stderr, "log.jsonl: the timestamps span 1.7e+308 s from the earliest arrival, more "
                                             "than the simulated clock's 1e+12 ms (about 31.7 years)")
+    # an absurd arrival_time: said as such, not first warned of as a wait of 1e300 s for the engine loop
+    (tmp_path / "log.jsonl").write_text(
+        '{"input_toks": 5, "output_toks": 5, "arrival_time": 0, "queued_ts": 0, "first_token_ts": 1, '
+        '"last_token_ts": 2}\n{"input_toks": 5, "output_toks": 5, "arrival_time": 1e300, "queued_ts": 1, '
+        '"first_token_ts": 2, "last_token_ts": 3}\n')
+    done = _cli("validate", str(tmp_path / "exp.toml"))
+    one_error(done.returncode, done.stderr, "log.jsonl: the timestamps span 1e+300 s from the earliest arrival, more "
+                                            "than the simulated clock's 1e+12 ms (about 31.7 years)")
 
 
 @pytest.mark.parametrize("workload, message", [

@@ -225,6 +225,7 @@ def engine_arrivals(path, queued: np.ndarray, sent: np.ndarray, mode: str, lines
                             "each request)")
     gap = queued - sent
     receipt = sent + gap.min()
+    _check_span(path, receipt.min(), [receipt, queued])   # (an absurd stamp is said as such, not as a wait)
     wait = queued - receipt
     if wait.max() > RECEIPT_WAIT_WARN_S:
         warnings.warn(f"{path}: a request's queued_ts is {wait.max():.3g} s after its arrival_time (the log's "
