@@ -685,7 +685,7 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
         if value is not None:
             values[name] = value
     goodput = _statistic(data["request_goodput"], "request_goodput", where, dropped) \
-        if "request_goodput" in data else None   # (null without --goodput)
+        if data.get("request_goodput") is not None else None   # (null without --goodput: not a statistic lost)
     if goodput is not None:
         values[BENCH_GOODPUT] = goodput
     gap = bench_first_gap_s(data)
@@ -979,8 +979,13 @@ def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
             dropped[keys[name]] = "of a non-streaming run"
             del values[name]
         _warn_non_streaming(where, "its TTFT is its request latency in every statistic", len(ttft), len(values))
+    notes = ()
+    if data.get("was_cancelled") is True:   # AIPerf stopped by Ctrl-C or its timeout: a partial run
+        notes = ((f"{where}: the AIPerf run was cancelled (was_cancelled: true): its statistics cover only the "
+                  "requests done before it stopped, not the workload the experiment replays", tuple(values), ()),)
     return Summary(source, kind, _ordered(values),
-                   requests=_request_count(avg("request_count"), "request_count.avg", where), dropped=dropped)
+                   requests=_request_count(avg("request_count"), "request_count.avg", where), dropped=dropped,
+                   notes=notes)
 
 
 def _stat_name(key: str) -> str | None:
@@ -2332,6 +2337,8 @@ def compare_with_real_run(result) -> None:
             result.meta["target"]["ttft_from"] = result.target.ttft_from
         if result.target.batch is not None:   # the measured run's max_num_seqs (ML.ENERGY's)
             result.meta["target"]["batch"] = result.target.batch
+        if result.target.dropped:   # the file's statistics without a number (null, NaN): said under the table
+            result.meta["target"]["left_out"] = dict(result.target.dropped)
 
 
 def vs_target(summary: Summary, result) -> dict:

@@ -91,6 +91,19 @@ def test_the_compare_report_prints_the_table(tmp_path, capsys):
     assert "bench.json (vllm bench serve, as the client sees requests)" in text
     assert re.search(r"ttft_ms\.mean\s+20\.00\s+21\.25\s+\+6\.2%", text)
     assert re.search(r"mean \|error\|\s+4\.38%", text)
+    assert "left out" not in text
+
+
+def test_a_statistic_the_file_has_no_number_for_is_said_under_the_table(tmp_path, capsys):
+    """null (how the tools write a statistic they have none for) is not compared: said, not silently missing."""
+    path = experiment(tmp_path, 'path = "bench.json"', reports='["compare"]')
+    (tmp_path / "bench.json").write_text(json.dumps({"completed": 2, "mean_ttft_ms": None, "mean_e2el_ms": 30.0,
+                                                     "p99_e2el_ms": float("nan"), "request_goodput": None}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "compare.txt").read_text()
+    assert "ttft_ms.mean" not in text and re.search(r"e2e_ms\.mean\s+30\.00\s+29\.25", text)
+    # request_goodput is null whenever the run had no --goodput: not a statistic lost
+    assert text.rstrip().endswith("left out, no number in the file: mean_ttft_ms (null), p99_e2el_ms (nan)")
 
 
 @pytest.mark.parametrize("target, message", [

@@ -6,6 +6,7 @@ the module docstring); every expected statistic is worked out by hand from the f
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -320,8 +321,14 @@ def test_an_aiperf_report_reads_its_units_and_inter_chunk_latency(tmp_path):
               "inter_chunk_latency": {"unit": "ns", "avg": 9_000_000.0, "p50": 8_500_000.0},
               "request_count": {"unit": "requests", "avg": 48}, "error_request_count": {"unit": "requests", "avg": 2},
               "input_config": {}, "was_cancelled": False, "error_summary": [], "start_time": "2025-10-01T12:00:00"}
-    s = read_summary(_write(tmp_path / "profile_export_aiperf.json", report))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetWarning)   # (a whole run: nothing to say)
+        s = read_summary(_write(tmp_path / "profile_export_aiperf.json", report))
     assert s.kind == "AIPerf" and s.view == "client" and s.requests == 48
+    path = _write(tmp_path / "cancelled.json", {**report, "was_cancelled": True})   # Ctrl-C'd: a partial run
+    with pytest.warns(TargetWarning, match=r"cancelled.json: the AIPerf run was cancelled \(was_cancelled: true\): "
+                                           r"its statistics cover only the requests done before it stopped"):
+        assert read_summary(path).values == s.values
     assert s.values == pytest.approx({"ttft_ms.mean": 80.0, "itl_ms.mean": 9.0, "itl_ms.p50": 8.5,
                                       "e2e_ms.mean": 1250.0, "e2e_ms.p50": 1200.0, "request_throughput_rps": 2.0})
     failed = {**report, "request_count": {"unit": "requests", "avg": 0}, "error_request_count": {"avg": 5}}
