@@ -1427,7 +1427,7 @@ _PROMETHEUS_LINE = re.compile(r"^(?:#[ \t]*(?:TYPE|HELP)[ \t]|[A-Za-z_:][\w:]*(?
                               r"[-+]?(?:\d|\.\d|Inf|inf|NaN|nan))", re.M)
 #: an engine's sample name, as the engine writes it (``vllm:``, ``sglang:``, ``tgi_``) or renamed (``vllm_``,
 #: ``sglang_``)
-_ENGINE_SAMPLE = re.compile(r"^(?:(?:vllm|sglang):[\w:]*|(?:vllm|sglang)_[\w:]*(?<!:)|tgi_\w*)[{\s]", re.M)
+_ENGINE_SAMPLE = re.compile(r'^(?:\{\s*")?(?:(?:vllm|sglang):[\w:]*|(?:vllm|sglang)_[\w:]*(?<!:)|tgi_\w*)[{\s"]', re.M)
 
 
 def _looks_prometheus(text: str) -> bool:
@@ -1460,7 +1460,10 @@ _NAME = re.compile(r"[A-Za-z_:][\w:]*")
 #: what follows a sample's name and labels: its value, a timestamp, and an OpenMetrics exemplar
 #: (`` # {trace_id="..."} 0.035 1.73e+09``), which is no part of the sample
 _VALUE = re.compile(r"\s+([^\s#]\S*)(?:\s+[^\s#]\S*)?(?:\s+#.*)?\s*$")
-_LABEL = re.compile(r'\s*([A-Za-z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_LABEL = re.compile(r'\s*([A-Za-z_]\w*|"(?:[^"\\]|\\.)*")\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+#: Prometheus 3's UTF-8 names, quoted inside the braces: ``{"vllm:time_to_first_token_seconds_bucket", le="0.1"} 5``
+#: (its text format 1.0.0 with ``escaping=allow-utf-8``; label names may be quoted too)
+_QUOTED_NAME = re.compile(r'\{\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _INF = ("+Inf", "Inf", "inf", "+inf")
 
 
@@ -1493,7 +1496,7 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         if metric is None:
             continue
         value = _sample_value(raw, name, suffix, f"{source}: line {number}")
-        pairs = dict(_LABEL.findall(labels))
+        pairs = {key.strip('"'): value for key, value in _LABEL.findall(labels)}
         le = pairs.pop("le", None)
         if "model_name" in pairs:
             models.add(pairs["model_name"])
@@ -1566,11 +1569,16 @@ def _sum_series(series: list[dict[float, float]]) -> dict[float, float]:
 def _split_sample(line: str) -> tuple[str, str, str] | None:
     """A sample line's name, its labels with their braces (or ""), and its value as written; None
     for a line that is no sample. The labels end at the first ``}`` outside a quoted value (a
-    value may hold ``}``, ``#`` and escaped quotes); a timestamp and an exemplar are left out."""
-    match = _NAME.match(line)
-    if match is None:
-        return None
-    end = match.end()
+    value may hold ``}``, ``#`` and escaped quotes); a timestamp and an exemplar are left out. A
+    name quoted as the braces' first item (:data:`_QUOTED_NAME`) is read as the name."""
+    quoted = _QUOTED_NAME.match(line)
+    if quoted:
+        name, line, end = re.sub(r"\\(.)", r"\1", quoted.group(1)), "{" + line[quoted.end():], 0
+    else:
+        match = _NAME.match(line)
+        if match is None:
+            return None
+        name, end = match.group(), match.end()
     if line.startswith("{", end):
         quoted, escaped = False, False
         for i in range(end + 1, len(line)):
@@ -1589,7 +1597,7 @@ def _split_sample(line: str) -> tuple[str, str, str] | None:
     else:
         braces = ""
     value = _VALUE.match(line, end)
-    return (match.group(), braces, value.group(1)) if value else None
+    return (name, braces, value.group(1)) if value else None
 
 
 def _histogram_part(name: str) -> tuple[str | None, str]:

@@ -8,6 +8,7 @@ import gzip
 import json
 import warnings
 import math
+import re
 import sys
 
 import pytest
@@ -68,6 +69,19 @@ def test_a_label_value_may_hold_a_hash_a_brace_and_escaped_quotes(tmp_path):
     assert s.values == pytest.approx(TTFT_VALUES)
     with pytest.raises(ConfigError, match=r"line 2: not a Prometheus sample"):   # a label value never closed
         read_summary(_write(tmp_path / "bad.prom", _ttft_scrape(labels='model_name="m') + ""))
+
+
+def test_prometheus_3s_quoted_names_are_read_as_the_plain_ones(tmp_path):
+    """Prometheus 3's text format with UTF-8 names quotes the name inside the braces (label names
+    may be quoted too): ``{"vllm:...bucket", le="0.04"} 30``. It was refused as not a sample."""
+    quoted = re.sub(r"^(vllm:\w+)\{", r'{"\1", ', _ttft_scrape(), flags=re.M).replace('model_name=', '"model_name"=')
+    assert '{"vllm:time_to_first_token_seconds_bucket", "model_name"="m",le="0.02"} 0' in quoted
+    s = read_summary(_write(tmp_path / "q.prom", quoted))
+    assert s.kind == "vLLM /metrics" and s.values == pytest.approx(TTFT_VALUES)
+    bare = "\n".join(line for line in quoted.splitlines() if not line.startswith("#"))   # no # TYPE line to go by
+    assert read_summary(_write(tmp_path / "bare.prom", bare)).values == pytest.approx(TTFT_VALUES)
+    with pytest.raises(ConfigError, match=r"line 2: not a Prometheus sample"):   # a quoted name never closed
+        read_summary(_write(tmp_path / "bad.prom", quoted.replace('_bucket", "model', '_bucket "model', 1)))
 
 
 # --- Prometheus: label sets with different buckets ------------------------------------------------
