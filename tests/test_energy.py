@@ -1088,3 +1088,16 @@ def test_fixed_active_below_idle_is_refused():
         build_fixed_active(FixedActiveConfig(active_w=20.0, gpu="h100-80gb"), PRESETS)
     model = build_fixed_active(FixedActiveConfig(gpu="h100-80gb"), PRESETS)
     assert model.active_w > model.idle_w
+
+
+def test_fixed_active_defaults_on_the_a6000_are_llmservingsims_fitted_node():
+    """LLMServingSim 2.0's A6000 node: idle 33 W, standby 89 W for 18 s, active 300 W (its
+    power_config_tp*.json). Standby defaulted to idle, which left its standby level out."""
+    from schedlab_plugins.power.fixed_active import build_fixed_active
+
+    d = build_fixed_active(FixedActiveConfig(gpu="rtx-a6000"), PRESETS).describe()
+    assert (d["idle_w"], d["standby_w"], d["active_w"], d["standby_s"]) == (33.0, 89.0, 300.0, 18.0)
+    # a GPU without a measured standby: idle + the fitted awake share (0.136) of active - idle
+    d = build_fixed_active(FixedActiveConfig(gpu="h100-80gb"), PRESETS).describe()
+    assert d["standby_w"] == pytest.approx(d["idle_w"] + 0.136 * (d["active_w"] - d["idle_w"]))
+    assert build_fixed_active(FixedActiveConfig(gpu="h100-80gb", standby_w=120.0), PRESETS).describe()["standby_w"] == 120

@@ -72,11 +72,11 @@ MEASURED_STANDBY_W = {
 }
 
 
-def awake_share(config, gpu_name: str, board_w: float, idle_w: float) -> tuple[float, str]:
-    """The awake share and where it comes from: set, measured (:data:`MEASURED_STANDBY_W`), or
-    the fitted share (an estimate)."""
-    if config.awake is not None:
-        return config.awake, "set"
+def awake_share(awake: float | None, gpu_name: str, board_w: float, idle_w: float) -> tuple[float, str]:
+    """The awake share and where it comes from: set (``awake``), measured (:data:`MEASURED_STANDBY_W`),
+    or the fitted share (an estimate)."""
+    if awake is not None:
+        return awake, "set"
     if gpu_name in MEASURED_STANDBY_W and board_w > idle_w:
         watts, where = MEASURED_STANDBY_W[gpu_name]
         return min(1.0, max(0.0, (watts - idle_w) / (board_w - idle_w))), f"measured: {where}"
@@ -110,7 +110,7 @@ class AdditivePowerModel(UtilisationPowerModel):
     clock, standby, tail, closed-form runs -- with the bytes' and FLOPs' energy added."""
 
     def __init__(self, config: AdditiveConfig, gpu, tensor_parallel: int, work, *, pj_per_byte: float, **kw):
-        self.awake, self.awake_source = awake_share(config, gpu.name, kw["board_w"], kw["idle_w"])
+        self.awake, self.awake_source = awake_share(config.awake, gpu.name, kw["board_w"], kw["idle_w"])
         super().__init__(attrs.evolve(config, awake=self.awake), gpu, tensor_parallel, work, **kw)
         self.pj_per_byte = pj_per_byte
         self.pj_per_flop = config.compute * self._delta / (gpu.bf16_tflops * 1e12) * 1e12 if self._delta > 0 else 0.0

@@ -4,6 +4,9 @@ A GPU draws ``active_w`` while a kernel runs, whatever the batch; ``standby_w`` 
 ``standby_s`` after its last one; then ``idle_w`` (LLMServingSim 2.0, ``serving/core/power``:
 ``idle_power``, ``standby_power``, ``active_power``, ``standby_duration`` per NPU; its A6000
 node was fitted at 33, 89 and 300 W and 18 s -- ``calibration/energy/llmservingsim-power/config``).
+Standby defaults to the level the other models hold an awake GPU at (idle plus the awake share of
+the headroom: 89 W on the A6000, where it is measured), not to idle, which would leave
+LLMServingSim's standby out.
 A fixed active power cannot follow the batch: memory-bound decode at a small batch draws well
 below the board limit on most GPUs, large batches near it. LLMServingSim drops from active to
 standby power at once, so ``tail_s`` is 0 here unless set. It does not read the SM clock: with
@@ -20,6 +23,7 @@ from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_fi
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
+from .additive import awake_share
 from .common import PowerSettings, board_and_idle, host_fields, host_ranks, resolve_gpu, resolve_tp, warn_clock_unread
 
 
@@ -33,7 +37,9 @@ class FixedActiveConfig(PowerSettings):
     active_w: float | None = float_field(None, min=0.0, optional=True,
                                          help="power while an iteration runs, W (default: the board limit)")
     standby_w: float | None = float_field(None, min=0.0, optional=True,
-                                          help="power for standby_s after an iteration, W (default: idle_w)")
+                                          help="power for standby_s after an iteration, W (default: idle_w + the "
+                                               "awake share of active_w - idle_w, as the other models' standby: "
+                                               "measured where the GPU's is)")
     idle_w: float | None = float_field(None, min=0.0, optional=True, help="idle power, W (default: the GPU preset's)")
     tail_s: float = float_field(0.0, min=0.0, help="time constant (s) of the power's fall from active to standby "
                                                    "(LLMServingSim's: 0, at once)")
@@ -78,7 +84,11 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
         gpu = resolve_gpu(config.gpu, cost_model, presets, "fixed_active")
         board, idle, _ = board_and_idle(gpu, None, config.idle_w, "fixed_active")
         active, name = (config.active_w if config.active_w is not None else board), gpu.name
-    standby = config.standby_w if config.standby_w is not None else idle
+    if config.standby_w is not None:
+        standby = config.standby_w
+    else:   # LLMServingSim's standby level (89 W on its A6000), the other models' awake share of the headroom
+        share, _ = awake_share(None, name, active, idle)
+        standby = idle + share * max(0.0, active - idle)
     if active < idle:  # (found by fuzzing: taken as given, a busy GPU drew less than an idle one)
         raise ConfigError(f"active_w ({active:g} W) is below idle_w ({idle:g} W): a GPU draws more running a kernel "
                           "than idle; set active_w to at least idle_w")
