@@ -674,8 +674,13 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
             continue
         stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else \
             _percentile(match.group(2), key, where)
-        values[f"{BENCH[match.group(3)]}.{stat}"] = value
-        keys[f"{BENCH[match.group(3)]}.{stat}"] = key
+        name = f"{BENCH[match.group(3)]}.{stat}"
+        if name in values and not math.isclose(values[name], value, rel_tol=1e-9, abs_tol=1e-9):
+            # (--metric-percentiles 50 writes p50_ beside median_, both numpy's median of one list)
+            raise ConfigError(f"{where}: {keys[name]} ({values[name]:g}) and {key} ({value:g}) are the same statistic "
+                              f"but disagree: is the file edited, or two runs' joined?")
+        values[name] = value
+        keys[name] = key
     for alias, key in BENCH_RATE_ALIASES.items():
         if key not in data and alias in data:
             data = {**data, key: data[alias]}

@@ -197,6 +197,18 @@ def test_utf16_and_other_non_utf8_text_are_named(tmp_path):
         read_summary(_write(tmp_path / "b.json.gz", gzip.compress(json.dumps(BENCH).encode())))
 
 
+def test_a_bench_files_median_and_p50_are_one_statistic(tmp_path):
+    """--metric-percentiles 50 writes p50_ttft_ms beside median_ttft_ms, both numpy's median of one
+    list: equal, they are read once; unequal (an edited file), the later one silently won."""
+    same = read_summary(_write(tmp_path / "same.json", {**BENCH, "p50_ttft_ms": 40.2}))
+    assert same.values == BENCH_VALUES
+    path = _write(tmp_path / "edited.json", {**BENCH, "p50_ttft_ms": 42.0})
+    with pytest.raises(ConfigError) as info:
+        read_summary(path)
+    assert str(info.value) == (f"--target {path}: median_ttft_ms (40.2) and p50_ttft_ms (42) are the same statistic but "
+                               f"disagree: is the file edited, or two runs' joined?")
+
+
 # --- several JSON documents: vllm bench serve --append-result -------------------------------------
 
 
