@@ -23,7 +23,10 @@ less. A measured point (the median of its repeats) is *explained* by the model w
 
 For every series this prints the bus bandwidth (GB/s) that, with NCCL's latency constants, fits
 its points above 1.5 x the floor (least squares in log time): quoted in
-``plugins/cost_models/collectives.py`` as ``DERIVATION``. With ``--table`` it prints, for every
+``plugins/cost_models/collectives.py`` as ``DERIVATION``. On a machine whose preset picks its
+protocols as NCCL's tuner does (``nccl_bus_gbps``: the DGX A100), it first fits what those
+protocols really do there -- LL128's share of the bus and Simple's latency beyond NCCL's
+constants (:func:`fit_protocols`, quoted as ``NCCL_PROTOCOLS_FIT``) -- and the bus bandwidths with them. With ``--table`` it prints, for every
 series, the presets' error against the measured points (the README table) and how many points
 the presets explain; ``--write-subset`` writes the small CSV subset the tests recompute it from.
 ``tools/derive_roofline.py`` calls :func:`main` after its own derivation.
@@ -209,16 +212,22 @@ def model_us(topology: Topology, collective: str, ranks: int, per_node: int, siz
     return np.array([time(s) for s in sizes]) * 1e3
 
 
-def series_topology(key: tuple, bus_gbps: float) -> Topology:
-    """One link at ``bus_gbps`` for the series ``key`` (its preset's links, bandwidth replaced)."""
+def series_topology(key: tuple, bus_gbps: float, protocols: dict | None = None) -> Topology:
+    """One link at ``bus_gbps`` for the series ``key`` (its preset's links and protocols,
+    bandwidth -- and ``protocols``' ``ll128_share``, ``simple_extra_us`` and
+    ``simple_extra_hop_us``, if given -- replaced)."""
     folder, _, ranks, per_node = key
     preset = TOPOLOGIES[PRESET_OF[folder]]
     nodes = ranks // per_node
     if nodes > 1:
         return Topology("fit", link=preset.link, bus_gbps=1e6, gpus_per_node=per_node, network_gbps=bus_gbps)
     link = preset.cross_island_link if per_node > preset.island_size else preset.link
+    nccl = {} if per_node > preset.island_size else {
+        "nccl_bus_gbps": preset.nccl_bus_gbps, "nccl_ll_max_gbps": preset.nccl_ll_max_gbps,
+        "ll128_share": preset.ll128_share, "simple_extra_us": preset.simple_extra_us,
+        "simple_extra_hop_us": preset.simple_extra_hop_us, **(protocols or {})}
     return Topology("fit", link=link, bus_gbps=bus_gbps, gpus_per_node=per_node, base_us=preset.base_us,
-                    hop_us=preset.hop_us)
+                    hop_us=preset.hop_us, **nccl)
 
 
 def floor_us(rows: np.ndarray) -> float:
@@ -247,6 +256,37 @@ def fit_bus_gbps(key: tuple, rows: np.ndarray) -> float:
         if best is None or err < best[0]:
             best = (err, gbps)
     return round(best[1])
+
+
+def fit_protocols(series: dict[tuple, np.ndarray], folder: str) -> dict:
+    """What the protocols NCCL's tuner picks really do on a machine whose preset picks them so
+    (``nccl_bus_gbps``): LL128's share of the bus bandwidth and Simple's latency beyond NCCL's
+    constants (a fixed cost and a cost per ring step, the shape of NCCL's own latency model),
+    fitted together (Nelder-Mead; rounded to 0.01, 0.1 us and 0.01 us) to its in-node all-reduce
+    series, each at its own best bus bandwidth (bounded search in log bandwidth), on their points
+    above 1.5 x the floor (sum of squared log errors)."""
+    from scipy.optimize import minimize, minimize_scalar
+
+    keys = [k for k in sorted(series) if k[0] == folder and k[1] == "all_reduce" and k[2] == k[3]]
+    fits = [(k, series[k][series[k][:, 2] > 1.5 * floor_us(series[k])]) for k in keys]
+
+    def error(x) -> float:
+        fit = {"ll128_share": float(np.clip(x[0], 0.05, 1.0)), "simple_extra_us": float(max(x[1], 0.0)),
+               "simple_extra_hop_us": float(max(x[2], 0.0))}
+        total = 0.0
+        for key, rows in fits:
+            def err(log_gbps: float) -> float:
+                topo = series_topology(key, math.exp(log_gbps), fit)
+                return float(np.sum(np.log(model_us(topo, *key[1:], rows[:, 0]) / rows[:, 2]) ** 2))
+            total += minimize_scalar(err, bounds=(math.log(10.0), math.log(1000.0)), method="bounded",
+                                     options={"xatol": 1e-4}).fun
+        return total
+
+    best = minimize(error, x0=[0.92, 0.0, 0.0], method="Nelder-Mead",
+                    options={"initial_simplex": [[0.92, 0.0, 0.0], [0.7, 0.0, 0.0], [0.92, 20.0, 0.0],
+                                                 [0.92, 0.0, 2.0]], "xatol": 0.002, "fatol": 1e-4})
+    return {"ll128_share": round(float(best.x[0]), 2), "simple_extra_us": round(float(max(best.x[1], 0.0)), 1),
+            "simple_extra_hop_us": round(float(max(best.x[2], 0.0)), 2)}
 
 
 def preset_errors(key: tuple, rows: np.ndarray) -> dict:
@@ -298,6 +338,10 @@ def main(argv: list[str]) -> int:
               f"{AIC_HELD_OUT.relative_to(REPO)}")
     series = {**read_series(args.network), **read_aic_series()}
     print(f"B200 latency fitted to aiconfigurator's small all-reduces (B200_LATENCY): {fit_latency(series)}")
+    for folder, preset in PRESET_OF.items():
+        if TOPOLOGIES[preset].nccl_bus_gbps is not None and any(k[0] == folder for k in series):
+            print(f"Protocols where NCCL's tuner picks them, {folder} (NCCL_PROTOCOLS_FIT): "
+                  f"{fit_protocols(series, folder)}")
     print("Bus bandwidth fitted per series (GB/s; NCCL's latency constants, the B200's fitted):")
     for key, rows in sorted(series.items()):
         if key[0] in PRESET_OF:

@@ -13,12 +13,30 @@ NVLink, Simple) a collective of ``S`` bytes over ``n`` ranks takes::
 
     base latency + steps x per-hop latency + S x factor / (bus bandwidth x protocol efficiency)
 
-and NCCL picks the fastest. A ring all-reduce takes ``2 (n - 1)`` steps and moves ``2 (n - 1) / n``
+and NCCL picks the fastest *by its own model*. A ring all-reduce takes ``2 (n - 1)`` steps and moves ``2 (n - 1) / n``
 of the buffer over each GPU's link (Patarasuk and Yuan, 2009); all-gather and reduce-scatter
 half of that; all-to-all sends ``(n - 1) / n`` of each rank's buffer to its peers at once;
 send/recv one hop. LL carries 8 bytes of data in 16 (half the bandwidth, the lowest latency),
 LL128 120 in 128, Simple all of it. The latencies are NCCL's constants (:data:`BASE_US`,
 :data:`HOP_US`), the bus bandwidths the topology's (:class:`Topology`).
+
+**NCCL's pick is not always the fastest protocol.** NCCL chooses the protocol of an
+all-reduce, all-gather or reduce-scatter from its *own* bandwidth estimate (``ncclTopoTuneModel``:
+the ring graph's channels x per-channel bandwidth from its topology search, LL capped at
+``llMaxBws``, LL128 at 0.92 of it) and ``topoGetAlgoInfo`` (``src/enqueue.cc``) takes the
+fastest by that model -- then the kernel runs at the machine's real rate for that protocol.
+Where a topology gives NCCL's estimate (``nccl_bus_gbps``), the protocol is NCCL's pick and
+its time the measured rates' (LL128 at the measured ``ll128_share`` of the bus, Simple with its
+measured latency beyond NCCL's constants, ``simple_extra_us`` + ``simple_extra_hop_us`` a ring
+step). On a DGX A100 this is the mid-size shortfall: NCCL rates the node at 240 GB/s and LL128
+at 0.92 of it, so 8 GPUs stay on LL128 up to 24.3 MB, where Vidur's timings drop (367 us at
+23.9 MB, 347 at 25.4; :data:`A100_NCCL`), but LL128 delivers 0.62 of Simple's bandwidth there,
+and Simple, on 2 and 4 GPUs from 1-6 MB, pays 23.2 us + 3.07 us a step more than NCCL's
+constants (:data:`NCCL_PROTOCOLS_FIT`).
+The channel count is not it: ``topoGetAlgoInfo`` drops channels only while the buffer is below
+channels x threads x ``threadThreshold`` (Simple: 512 x 64 B = 32 KB a channel, every channel
+busy from 1 MB), and the send/recv of all-to-all and pipelines take NCCL's p2p path, not this
+model (their protocol stays the fastest one).
 
 **Links** (NCCL's three latency classes): ``nvlink`` (NVLink or NVSwitch), ``pcie`` (PCIe with
 peer-to-peer: one GPU writes straight into the other's memory) and ``host`` (PCIe *without*
@@ -64,6 +82,10 @@ HOP_US = {
     "pcie": {"ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}, "tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0}},
     "network": {"ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}, "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0}},
 }
+#: NCCL's LL128 share of the bus in its own model (``busBw * 0.92 /*120.0/128.0*/``), and
+#: its LL ceiling by GPU generation on one node (``llMaxBws``: Volta, Ampere, Hopper, Blackwell).
+NCCL_LL128_SHARE = PROTOCOL_EFFICIENCY["LL128"]
+NCCL_LL_MAX_GBPS = {"volta": 39.0, "ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}
 #: NCCL's tree all-reduce reaches 0.92 of the bus bandwidth (``busBw * .92``).
 TREE_EFFICIENCY = 0.92
 #: The latency class of each link kind (``host`` is PCIe to NCCL's tuner).
@@ -119,6 +141,22 @@ class Topology:
                                        help="one step inside a node for every protocol, us (unset: NCCL's constants)")
     base_us: float | None = float_field(None, min=0.0, optional=True,
                                         help="fixed cost of one collective for every protocol, us (unset: NCCL's)")
+    nccl_bus_gbps: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="bus bandwidth NCCL's own tuner assumes inside an island (its ring channels x per-channel bandwidth); "
+             "set: an all-reduce, all-gather or reduce-scatter takes the protocol NCCL's model picks, timed at the "
+             "measured rates (unset: the fastest protocol at the measured rates)")
+    nccl_ll_max_gbps: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="NCCL's ceiling on LL's bus bandwidth for this GPU on one node (tuning.cc llMaxBws; unset: none)")
+    ll128_share: float | None = float_field(None, min=0.0, max=1.0, min_exclusive=True, optional=True,
+                                            help="share of the bus bandwidth LL128 delivers where NCCL's model picks "
+                                                 "it (with nccl_bus_gbps; unset: NCCL's 0.92)")
+    simple_extra_us: float = float_field(0.0, min=0.0, help="fixed cost a Simple-protocol ring pays beyond NCCL's "
+                                                            "base latency where NCCL's model picks it, us "
+                                                            "(with nccl_bus_gbps)")
+    simple_extra_hop_us: float = float_field(0.0, min=0.0, help="what each step of such a Simple ring pays beyond "
+                                                                "NCCL's hop latency, us (with nccl_bus_gbps)")
     source: str = str_field("", help="where the numbers come from")
 
     def __attrs_post_init__(self) -> None:
@@ -152,8 +190,8 @@ DERIVATION = {
     ("h100_dgx", "all_reduce", 2, 2): 285.0, ("h100_dgx", "all_reduce", 4, 4): 361.0,
     ("h100_dgx", "all_reduce", 8, 8): 403.0, ("h100_dgx", "send_recv", 2, 2): 372.0,
     ("h100_dgx", "send_recv", 2, 1): 36.0,
-    ("a100_dgx", "all_reduce", 2, 2): 139.0, ("a100_dgx", "all_reduce", 4, 4): 151.0,
-    ("a100_dgx", "all_reduce", 8, 8): 159.0, ("a100_dgx", "send_recv", 2, 2): 274.0,
+    ("a100_dgx", "all_reduce", 2, 2): 171.0, ("a100_dgx", "all_reduce", 4, 4): 192.0,
+    ("a100_dgx", "all_reduce", 8, 8): 208.0, ("a100_dgx", "send_recv", 2, 2): 274.0,
     ("a100_dgx", "send_recv", 2, 1): 8.0,
     ("h100_pairwise_nvlink", "all_reduce", 2, 2): 196.0, ("h100_pairwise_nvlink", "all_reduce", 4, 4): 48.0,
     ("h100_pairwise_nvlink", "send_recv", 2, 2): 387.0,
@@ -166,6 +204,23 @@ DERIVATION = {
     ("b200_dgx", "all_reduce", 2, 2): 440.0, ("b200_dgx", "all_reduce", 4, 4): 491.0,
     ("b200_dgx", "all_reduce", 8, 8): 531.0,
 }
+#: What NCCL's own tuner believes of a DGX A100, which picks its protocols (``nccl_bus_gbps``,
+#: ``nccl_ll_max_gbps``): 12 NVLinks a GPU into the NVSwitches at ``SM80_NVLINK_BW`` = 20 GB/s
+#: each (src/graph/topo.h); the ring search (src/graph/search.cc, ``speedArrayIntra``) finds 6
+#: channels at 40 GB/s and ``ncclTopoDupChannels`` splits them into 12 at 20, so
+#: ``ncclTopoTuneModel`` rates the ring at 12 x 20 = 240 GB/s, LL at ``llMaxBws`` (Ampere, one
+#: node) 87.7 and LL128 at 0.92 x 240. By that model 8 GPUs keep LL128 up to 24.3 MB (its
+#: latency is 15.4 us below Simple's: 14 + 14 x 1.9 against 8.4 + 14 x 3.4; its bandwidth term
+#: 1.75 x S / 240 GB/s x (1 / 0.92 - 1) catches up there) and 4 GPUs up to 6.3 MB; Vidur's 8-GPU
+#: timings drop from 367 us at 23.9 MB to 347 us at 25.4 MB.
+A100_NCCL = {"nccl_bus_gbps": 12 * 20.0, "nccl_ll_max_gbps": NCCL_LL_MAX_GBPS["ampere"]}
+#: What the protocols NCCL's tuner picks really do there, fitted together by
+#: ``tools/derive_collectives.py`` (``fit_protocols``) to Vidur's in-node all-reduces on 2, 4 and 8
+#: GPUs, each at its own bus bandwidth: LL128 carries 0.62 of Simple's bus bandwidth (NCCL's
+#: model: 0.92), and Simple pays 23.2 us + 3.07 us a ring step more than NCCL's latency constants
+#: (8.4 + 3.4 a step on NVLink). aiconfigurator's nccl-tests on another A100 node, fitted alone,
+#: give LL128 0.66-0.82 and Simple 20, 30 and 50 us over NCCL's on 2, 4 and 8 GPUs (README, "Held out").
+NCCL_PROTOCOLS_FIT = {"a100_dgx": {"ll128_share": 0.62, "simple_extra_us": 23.2, "simple_extra_hop_us": 3.07}}
 #: A B200 node's NCCL latency, which NCCL's constants put too low there: ``base + 2 (n - 1) x hop``
 #: fitted to the median time of its 64 KB-or-smaller all-reduces on 2, 4 and 8 GPUs (10.4, 15.6
 #: and 26.0 us; aiconfigurator's CUDA-event times carry no launch skew, unlike Vidur's)
@@ -203,6 +258,9 @@ class Collectives:
             self._bus = min(t.island_bus_gbps(island), slow)
             self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
         self._per_node = per_node
+        # NCCL's own estimate picks the protocol inside an island of one node (its LL ceiling too)
+        self._nccl_bus = t.nccl_bus_gbps if self.nodes == 1 and per_node <= island else None
+        self._ll_max = t.nccl_ll_max_gbps if self.nodes == 1 else None
         if self.nodes > 1:
             if t.network_gbps is None:
                 raise ConfigError(f"topology {t.name!r}: {ranks} ranks span {self.nodes} nodes of "
@@ -233,14 +291,38 @@ class Collectives:
         # LL128 is enabled by default only over NVLink (tuning.cc: typeIntra <= PATH_NVB).
         return PROTOCOLS if self._link == "nvlink" and self.nodes == 1 else ("LL", "Simple")
 
-    def _ring_us(self, nbytes: float, steps: int, inter_steps: int, share: float, bus_gbps: float) -> float:
-        """Fastest protocol of a ring: ``steps`` hops (``inter_steps`` of them between nodes)
-        moving ``share x nbytes`` over each GPU's link."""
-        best = math.inf
+    @staticmethod
+    def _rate_gbps(protocol: str, bus_gbps: float, ll128_share: float, ll_max: float | None) -> float:
+        """Bus bandwidth a protocol carries as data: LL half the bus (at most ``ll_max``),
+        LL128 ``ll128_share`` of it, Simple all of it."""
+        if protocol == "LL":
+            return 0.5 * bus_gbps if ll_max is None else min(0.5 * bus_gbps, ll_max)
+        return bus_gbps * (ll128_share if protocol == "LL128" else 1.0)
+
+    def _ring_us(self, nbytes: float, steps: int, inter_steps: int, share: float, bus_gbps: float,
+                 tuned: bool = False) -> float:
+        """A ring of ``steps`` hops (``inter_steps`` of them between nodes) moving ``share x
+        nbytes`` over each GPU's link, in the fastest protocol -- or, for a ``tuned`` collective
+        on a topology that gives NCCL's own bandwidth estimate, in the protocol NCCL's model
+        picks (``topoGetAlgoInfo``), at the measured rates."""
+        nccl = self._nccl_bus if tuned else None
+        ll128 = self.topology.ll128_share if nccl is not None and self.topology.ll128_share is not None \
+            else NCCL_LL128_SHARE
+        best, pick = math.inf, math.inf
         for p in self._protocols():
             latency = self._base("ring", p) + (steps - inter_steps) * self._hop("ring", p) \
                 + inter_steps * self._net_hop("ring", p)
-            best = min(best, latency + share * nbytes / (bus_gbps * PROTOCOL_EFFICIENCY[p] * 1e3))
+            ll_max = self._ll_max if tuned else None
+            us = latency + share * nbytes / (self._rate_gbps(p, bus_gbps, ll128, ll_max) * 1e3)
+            if nccl is None:
+                best = min(best, us)
+                continue
+            # NCCL's model: its latency constants, its bandwidth; the time: the measured ones
+            nccl_us = latency + share * nbytes / (self._rate_gbps(p, nccl, NCCL_LL128_SHARE, ll_max) * 1e3)
+            if nccl_us < pick:
+                extra = self.topology.simple_extra_us + steps * self.topology.simple_extra_hop_us if p == "Simple" \
+                    else 0.0
+                best, pick = us + extra, nccl_us
         return best
 
     def _tree_us(self, nbytes: float) -> float:
@@ -261,7 +343,7 @@ class Collectives:
         n = self.ranks
         if n == 1:
             return 0.0
-        us = self._ring_us(nbytes, 2 * (n - 1), 2 * (self.nodes - 1), 2.0 * (n - 1) / n, self._bus)
+        us = self._ring_us(nbytes, 2 * (n - 1), 2 * (self.nodes - 1), 2.0 * (n - 1) / n, self._bus, tuned=True)
         if self.nodes > 1:
             us = min(us, self._tree_us(nbytes))
         return us * 1e-3
@@ -271,7 +353,7 @@ class Collectives:
         n = self.ranks
         if n == 1:
             return 0.0
-        return self._ring_us(nbytes, n - 1, self.nodes - 1, (n - 1) / n, self._bus) * 1e-3
+        return self._ring_us(nbytes, n - 1, self.nodes - 1, (n - 1) / n, self._bus, tuned=True) * 1e-3
 
     def reduce_scatter_ms(self, nbytes: float) -> float:
         """Rank ``i`` ends with the sum of every rank's ``i``-th piece of its ``nbytes`` buffer."""
@@ -375,9 +457,11 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
     Topology("dgx-a100", link="nvlink", gpus_per_node=8, bus_gbps=_d("a100_dgx", "all_reduce", 8, 8),
              bus_gbps_by_ranks={r: _d("a100_dgx", "all_reduce", r, r) for r in (2, 4, 8)},
              p2p_gbps=_d("a100_dgx", "send_recv", 2, 2), network_gbps=_d("a100_dgx", "send_recv", 2, 1),
-             source="DGX A100: NVSwitch, NVLink 3 (300 GB/s each way per GPU); bus bandwidths and the network "
-                    "of Vidur's A100 cluster (8 GB/s per GPU pair, below the datasheet's 8x 200 Gb/s HDR) fitted "
-                    "to Vidur's NCCL timings (tools/derive_collectives.py)"),
+             **A100_NCCL, **NCCL_PROTOCOLS_FIT["a100_dgx"],
+             source="DGX A100: NVSwitch, NVLink 3 (300 GB/s each way per GPU); bus bandwidths, LL128's share of "
+                    "them and the network of Vidur's A100 cluster (8 GB/s per GPU pair, below the datasheet's 8x "
+                    "200 Gb/s HDR) fitted to Vidur's NCCL timings (tools/derive_collectives.py); protocols as "
+                    "NCCL's tuner picks them (A100_NCCL)"),
     Topology("dgx-b200", link="nvlink", gpus_per_node=8, bus_gbps=_d("b200_dgx", "all_reduce", 8, 8),
              bus_gbps_by_ranks={r: _d("b200_dgx", "all_reduce", r, r) for r in (2, 4, 8)}, **B200_LATENCY,
              source="DGX/HGX B200: NVSwitch, NVLink 5 (900 GB/s each way per GPU); latency and bus bandwidths "
