@@ -431,7 +431,7 @@ def test_a_property_that_holds_everywhere_is_reported_and_nothing_is_shrunk(tmp_
     (tmp_path / "out0").mkdir()
     written = write_outcome(hunt, outcome, tmp_path / "out0")
     assert {p.name for p in written} == {"hunt.json", "search.png", "summary.txt"}
-    assert "property held on every workload evaluated" in (tmp_path / "out0" / "summary.txt").read_text()
+    assert "property held on every feasible workload (all 20)" in (tmp_path / "out0" / "summary.txt").read_text()
 
 
 def test_constraints_nothing_meets_leave_no_counterexample(tmp_path):

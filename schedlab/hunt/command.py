@@ -25,6 +25,7 @@ def command(args) -> int:
     from .report import summary_lines, write_outcome
 
     from ..cli import out_option
+    from ..errors import SchedlabError
     from ..interrupts import by_signal
     from ..study.executor import check_options
 
@@ -44,8 +45,13 @@ def command(args) -> int:
             return interrupted(hunt, partial, exc, stage, out)
         written = write_outcome(hunt, outcome, stage.path)
         if outcome.shrunk is not None:  # the reproducer must show what the hunt saw
-            replayed = replay_value(stage.path / "counterexample.toml", hunt.goal,
-                                    plugin_objects=hunt.experiment.plugin_objects)
+            try:
+                replayed = replay_value(stage.path / "counterexample.toml", hunt.goal,
+                                        plugin_objects=hunt.experiment.plugin_objects)
+            except SchedlabError as exc:   # (never lose a finished hunt over its reproducer: say so, keep it)
+                print(f"schedlab: warning: {out / 'counterexample.toml'} does not replay: "
+                      f"{str(exc).replace(str(stage.path), str(out))}", file=sys.stderr)
+                replayed = outcome.shrunk_score.value
             if not replayed == outcome.shrunk_score.value:
                 print(f"schedlab: warning: the counterexample replays to {replayed:.6g}, not "
                       f"{outcome.shrunk_score.value:.6g}", file=sys.stderr)

@@ -50,10 +50,12 @@ class HuntConfig:
     constraints: tuple = list_field((), item=str,
                                     help="conditions every candidate must meet, e.g. 'runs.b.busy_share <= 0.8'")
     budget: int = int_field(DEFAULT_BUDGET, min=1, max=10**6, help="workloads the search evaluates")
-    time_limit_s: float = float_field(0.0, min=0.0, help="stop the search after this long (0: no limit; a time "
-                                                         "limit makes the result depend on the machine's speed)")
+    time_limit_s: float = float_field(0.0, min=0.0, help="stop the search, and random sampling, each after this "
+                                                         "long (0: no limit; a time limit makes the result depend "
+                                                         "on the machine's speed)")
     random: int | None = int_field(None, min=0, max=10**6, optional=True,
-                                   help="random workloads evaluated for comparison (default: the budget; 0: none)")
+                                   help="random workloads evaluated for comparison (default: as many as the search "
+                                        "evaluated; 0: none)")
     optimizer: str = str_field("PortfolioDiscreteOnePlusOne",
                                help="Nevergrad optimiser (PortfolioDiscreteOnePlusOne, NGOpt, CMA, TwoPointsDE, ...)")
     batch: int = int_field(8, min=1, max=1024,
@@ -72,7 +74,7 @@ class HuntConfig:
                                                   "is not, as its metrics leave those requests out")
     settings: dict = table_field(attrs.Factory(dict),
                                  help="settings' ranges: \"table.key\" (every run) or \"runs.NAME.table.key\" "
-                                      "= [low, high]")
+                                      "= [low, high]; two whole numbers draw whole numbers ([0.0, 4]: any)")
 
     def __attrs_post_init__(self):
         if self.objective is not None and self.property is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import SimulationError, WorkloadError
+from ..errors import ConfigError, PluginError, SimulationError, WorkloadError
 from ..interrupts import result_of
 from ..results.records import RunResult
 from ..study.overrides import set_dotted
@@ -65,24 +65,33 @@ class Score:
         return INFEASIBLE * (1.0 + self.violation / (1.0 + self.violation))
 
 
-def settings_for(run: str, settings: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The dotted keys and values of ``settings`` that apply to ``run``: ``table.key`` applies
-    to every run, ``runs.<run>.table.key`` to that one only."""
+def setting_run(key: str, runs) -> str | None:
+    """The run a ``runs.<run>.table.key`` setting is for -- the longest of ``runs`` that its key
+    starts with, so that with runs ``a`` and ``a.b`` the key ``runs.a.b.scheduler.x`` is ``a.b``'s
+    -- or None (a key for every run, or for none of them)."""
+    if not key.startswith("runs."):
+        return None
+    return next((r for r in sorted(runs, key=len, reverse=True) if key.startswith(f"runs.{r}.")), None)
+
+
+def settings_for(run: str, settings: dict[str, Any], runs) -> list[tuple[str, Any]]:
+    """The dotted keys and values of ``settings`` that apply to ``run`` (one of ``runs``):
+    ``table.key`` applies to every run, ``runs.<run>.table.key`` to that one only."""
     out = []
     for key, value in settings.items():
         if key.startswith("runs."):
-            prefix = f"runs.{run}."
-            if key.startswith(prefix):
-                out.append((key[len(prefix):], value))
+            if setting_run(key, runs) == run:
+                out.append((key[len(f"runs.{run}."):], value))
         else:
             out.append((key, value))
     return out
 
 
-def run_spec(study, candidate: Candidate) -> RunSpec:
-    """The run of ``study`` (a ``[[runs]]`` entry) on ``candidate``'s requests and settings."""
+def run_spec(study, candidate: Candidate, runs) -> RunSpec:
+    """The run of ``study`` (a ``[[runs]]`` entry, one of those named ``runs``) on
+    ``candidate``'s requests and settings."""
     tables = study.base.tables
-    for key, value in settings_for(study.name, candidate.settings):
+    for key, value in settings_for(study.name, candidate.settings, runs):
         tables = set_dotted(tables, key, value)
     tables = dict(tables, workload={"kind": "inline", "requests": [dict(r) for r in candidate.rows]})
     return RunSpec(study.name, tables, study.base.seed, study.base.engine)
@@ -103,7 +112,8 @@ class Evaluator:
     def evaluate(self, candidates: list[Candidate], *, timeline: bool = False,
                  keep: bool = False) -> list[tuple[Score, dict[str, RunResult] | None]]:
         """Score every candidate (all their runs in flight at once); with ``keep``, also their runs."""
-        futures = [[self.executor.submit(RunTask(run_spec(study, c), self.context, timeline)) for study in self.studies]
+        futures = [[self.executor.submit(RunTask(run_spec(study, c, self.runs), self.context, timeline))
+                    for study in self.studies]
                    for c in candidates]
         out = []
         for candidate, mine in zip(candidates, futures):
@@ -117,7 +127,7 @@ class Evaluator:
     def score(self, candidate: Candidate, results: list) -> Score:
         failed = [r for r in results if isinstance(r, TaskFailure)]
         for failure in failed:
-            if not isinstance(failure.error, (SimulationError, WorkloadError)):
+            if not run_failure(failure.error, candidate):
                 raise failure.error  # a bad table is the file's fault, not the workload's
         metrics = {name: r.metrics for name, r in zip(self.runs, results) if isinstance(r, RunResult)}
         lookup = namespace(metrics, workload_stats(candidate.rows), self.runs)
@@ -128,7 +138,7 @@ class Evaluator:
 
         value = value_of(self.goal.expression)
         violation = sum(c.violation(value_of(c.expression)) for c in self.goal.constraints)
-        error = str(failed[0].error) if failed else None
+        error = failure_text(failed[0].error, candidate) if failed else None
         undefined = None
         if error is not None:
             value, violation = math.nan, math.inf
@@ -147,6 +157,23 @@ class Evaluator:
         rejection = reasons.most_common(1)[0][0] if reasons else None
         return Score(value, feasible, violation if not math.isnan(value) else math.inf, values, error, undefined,
                      rejected, rejection)
+
+
+def run_failure(error: BaseException, candidate: Candidate) -> bool:
+    """Whether ``error`` is the candidate's -- a run that stalled, an impossible request, a plugin
+    that raised on these requests, settings of ``[hunt.settings]`` that do not build together
+    (each range's ends were checked on loading, not every mix) -- rather than the file's."""
+    if isinstance(error, (SimulationError, WorkloadError, PluginError)):
+        return True
+    return isinstance(error, ConfigError) and bool(candidate.settings)
+
+
+def failure_text(error: BaseException, candidate: Candidate) -> str:
+    """What a failed run says, a settings mix that does not build named as such."""
+    if isinstance(error, ConfigError):
+        mix = ", ".join(f"{key} = {value!r}" for key, value in candidate.settings.items())
+        return f"the settings {mix} do not build together: {error}"
+    return str(error)
 
 
 def _as_float(value) -> float:

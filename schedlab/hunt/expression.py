@@ -207,6 +207,8 @@ class _Parser:
                 self.depth -= 1
                 if text == "abs" and len(args) != 1:
                     raise self.error("abs takes one argument")
+                if text in ("min", "max") and len(args) < 2:
+                    raise self.error(f"{text} takes two or more arguments")
                 return ("call", text, tuple(args))
             self.names.append(text)
             return ("name", text)
@@ -240,7 +242,8 @@ class Condition:
 
     @property
     def text(self) -> str:
-        return f"{self.expression.text} {self.op} {self.threshold:g}"
+        shown = f"{self.threshold:g}"   # short, but never a rounded number: the one enforced
+        return f"{self.expression.text} {self.op} {shown if float(shown) == self.threshold else repr(self.threshold)}"
 
     def holds(self, value: float) -> bool:
         """True when ``value`` (the expression's) satisfies the condition; NaN never does."""

@@ -28,9 +28,9 @@ from ..study.runner import context_spec
 from ..study.simulation import assemble
 from ..study.spec import RUN_TABLES, check_slo
 from .config import Goal, HuntConfig, make_goal
-from .evaluate import Evaluator, Score, run_spec, settings_for
+from .evaluate import Evaluator, Score, run_spec, setting_run, settings_for
 from .expression import namespace, split_name
-from .optimize import KNOWN_GOOD, Trial, best_trial, better, evolve, random_search
+from .optimize import KNOWN_GOOD, Trial, best_trial, better, evolve, make_optimizer, random_search
 from .shrink import ShrinkProgress, shrink_candidate
 from .space import Candidate, Space, WorkloadSpace, make_space, workload_stats
 
@@ -116,14 +116,14 @@ def check_hunt_table(table: dict, experiment: Experiment, source: str) -> tuple[
     check_settings(config.settings, runs, f"{source}: [hunt.settings]")
     space = make_space(config.workload, config.settings, f"{source}:")
     check_goal_metrics(goal, experiment.studies, space, where)
-    check_optimizer(config.optimizer, where)
+    check_optimizer(config.optimizer, where, space.dimension, config.batch, config.budget)
     for study in experiment.studies:
         if study.replicas != 1:
             raise ConfigError(f"{source}: [[runs]] {study.name!r}: replicas: a hunt compares one run per policy")
         for end in (0, 1):  # both ends of every setting's range build
             settings = {key: bounds[end] for key, bounds in space.settings.items()}
             probe = Candidate(({"prompt_tokens": 1, "output_tokens": 1, "arrival_ms": 0.0},), settings)
-            assemble(run_spec(study, probe), experiment.context, f"{source}: [hunt.settings]", check_only=True)
+            assemble(run_spec(study, probe, runs), experiment.context, f"{source}: [hunt.settings]", check_only=True)
     return config, goal, space
 
 
@@ -167,7 +167,7 @@ def check_settings(settings: dict, runs: tuple[str, ...], where: str) -> None:
     for key in settings:
         rest = key
         if key.startswith("runs."):
-            run = next((r for r in sorted(runs, key=len, reverse=True) if key.startswith(f"runs.{r}.")), None)
+            run = setting_run(key, runs)
             if run is None:
                 raise ConfigError(f"{where}: {key}: no such run; runs: {', '.join(runs)} "
                                   "(write runs.<run>.<table>.<key>)")
@@ -193,7 +193,7 @@ def check_goal_metrics(goal: Goal, studies, space: Space, where: str) -> None:
             run, metric = split_name(name, tuple(by_name))
             if not run:
                 continue
-            if not any(key.split(".")[0] == "slo" for key, _ in settings_for(run, space.settings)):
+            if not any(key.split(".")[0] == "slo" for key, _ in settings_for(run, space.settings, tuple(by_name))):
                 check_slo(metric, [by_name[run]], f"{where} {what}: {name}")
             group, _, rest = metric.partition(".")
             if group == "per_class" and rest.split(".")[0] not in classes:
@@ -202,9 +202,11 @@ def check_goal_metrics(goal: Goal, studies, space: Space, where: str) -> None:
                 raise ConfigError(f"{where} {what}: {name}: no request class {rest.split('.')[0]!r}; {known}")
 
 
-def check_optimizer(name: str, where: str) -> None:
-    """Nevergrad has an optimiser ``name`` (checked now, not after the warm start's simulations;
-    without Nevergrad installed the search says how to install it)."""
+def check_optimizer(name: str, where: str, dimension: int, batch: int, budget: int) -> None:
+    """Nevergrad has an optimiser ``name`` that builds for this search -- ``dimension``
+    coordinates, ``batch`` workloads asked at once (scipy's NelderMead or BFGS refuse several) --
+    checked now, not after the warm start's simulations; without Nevergrad installed the search
+    says how to install it."""
     try:
         import nevergrad
     except ImportError:
@@ -212,6 +214,11 @@ def check_optimizer(name: str, where: str) -> None:
     if name not in nevergrad.optimizers.registry:
         raise ConfigError(f"{where}: optimizer: Nevergrad has no optimiser {name!r}; e.g. {', '.join(KNOWN_GOOD)} "
                           "(nevergrad.optimizers.registry lists them all)")
+    try:
+        make_optimizer(nevergrad, name, nevergrad.p.Array(shape=(max(1, dimension),), lower=0.0, upper=1.0),
+                       max(1, budget), batch)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {str(exc).removeprefix('[hunt] ')}") from None
 
 
 SEARCH, RANDOM = "search", "random sampling"  # where the worst workload came from
@@ -246,6 +253,12 @@ class HuntOutcome:
         """The worst-for-the-policy random workload (None without a feasible one)."""
         return best_trial(self.random, self.goal)
 
+    @property
+    def first_failure(self) -> Trial | None:
+        """The first workload (the search's, then random sampling's) on which a run failed --
+        stalled, raised, or its settings did not build -- or None: written as ``failure.*``."""
+        return next((t for t in self.search + self.random if t.score.error is not None), None)
+
 
 def worst_of_both(search: list[Trial], sampled: list[Trial], goal: Goal) -> tuple[Trial | None, str | None]:
     """The worst feasible workload of the search and of random sampling, and which found it:
@@ -274,11 +287,11 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
                    bar=bar, optimizer=cfg.optimizer, warm_start=cfg.warm_start, time_limit_s=cfg.time_limit_s,
                    stop_on_counterexample=cfg.stop_on_counterexample, trials=outcome.search)
         phase = RANDOM
-        samples = cfg.budget if cfg.random is None else cfg.random
+        samples = random_samples(cfg, len(outcome.search))
         with progress(samples, f"{hunt.name}: random") as bar:
             if samples:
                 random_search(space, evaluator, goal, budget=samples, seed=seed, width=cfg.batch, bar=bar,
-                              trials=outcome.random)
+                              time_limit_s=cfg.time_limit_s, trials=outcome.random)
         worst, worst_from = worst_of_both(outcome.search, outcome.random, goal)
         outcome.worst, outcome.worst_from = worst, worst_from
         if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
@@ -304,6 +317,13 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
     outcome.shrunk, outcome.shrunk_score, outcome.shrink_evaluations = shrunk, shrunk_score, used
     outcome.worst_runs, outcome.shrunk_runs = worst_runs, shrunk_runs
     return outcome
+
+
+def random_samples(config: HuntConfig, searched: int) -> int:
+    """How many random workloads to draw: ``[hunt] random``, by default as many as the search
+    evaluated -- its budget, or fewer where ``time_limit_s`` or a falsified property stopped it --
+    so that the two are compared like for like and a stopped search does not go on as sampling."""
+    return searched if config.random is None else config.random
 
 
 def hunt_on(hunt: Hunt, backend: str = "local", jobs: int | None = None, address: str | None = None) -> HuntOutcome:

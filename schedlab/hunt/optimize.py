@@ -22,7 +22,11 @@ told back in order, so a search is deterministic for a seed whatever runs the si
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import math
+import sys
 import time
 import warnings
 
@@ -156,9 +160,22 @@ def make_optimizer(ng, name: str, parametrization, budget: int, width: int):
     if name not in registry:
         raise ConfigError(f"[hunt] optimizer: Nevergrad has no optimiser {name!r}; e.g. "
                           f"{', '.join(KNOWN_GOOD)} (ng.optimizers.registry lists them all)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. "does not support num_workers > 1": it then runs them in turn
-        return registry[name](parametrization=parametrization, budget=budget, num_workers=width)
+    unraisable = sys.unraisablehook   # (an optimiser that failed to build complains again when collected)
+    sys.unraisablehook = lambda _: None
+    try:
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # (some print as they fail)
+                warnings.simplefilter("ignore")  # e.g. "does not support num_workers > 1" from those that cope
+                return registry[name](parametrization=parametrization, budget=budget, num_workers=width)
+        except Exception as exc:   # e.g. scipy's NelderMead, BFGS: "does not support parallelization"
+            failure = f"{type(exc).__name__}: {exc}"
+        gc.collect()   # the half-built optimiser goes while its complaint is silenced
+    finally:
+        sys.unraisablehook = unraisable
+    hint = ("set [hunt] batch = 1 (it asks one workload at a time) or pick another, e.g. "
+            if "parallel" in failure else "pick another, e.g. ")
+    raise ConfigError(f"[hunt] optimizer: Nevergrad's {name!r} cannot run this search ({failure}); "
+                      f"{hint}{', '.join(KNOWN_GOOD)}")
 
 
 KNOWN_GOOD = ("PortfolioDiscreteOnePlusOne", "DiscreteOnePlusOne", "NGOpt", "CMA", "TwoPointsDE")

@@ -113,10 +113,13 @@ def local_plugins(experiment) -> list[Path]:
 
 
 def copy_plugins(experiment, folder: Path) -> list[Path]:
-    """Copy :func:`local_plugins` into ``folder`` (beside the reproducers); the copies."""
+    """Copy :func:`local_plugins` into ``folder`` (beside the reproducers); the copies (none of
+    those already there: every reproducer of a hunt shares them)."""
     copies = []
     for source in local_plugins(experiment):
         target = folder / source.name
+        if target.exists():
+            continue
         if source.is_dir():
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -171,13 +174,14 @@ def replay_document(experiment, candidate: Candidate, requests_file: str, *, nam
     if config.plugins:
         head["plugins"] = list(config.plugins)
     doc = {"experiment": head, "workload": {"kind": "file", "path": requests_file}}
-    for key in ("models", "gpus"):
+    for key in ("models", "gpus"):   # (a model's config.json path, relative to the hunt file, rebased too)
         if key in experiment.raw:
-            doc[key] = experiment.raw[key]
+            doc[key] = rebase_paths(experiment.raw[key], {"config"}, source, target)
     runs = []
+    names = [study.name for study in experiment.studies]
     for study in experiment.studies:
         tables = {k: v for k, v in study.base.tables.items() if k != "workload"}
-        for key, value in settings_for(study.name, candidate.settings):
+        for key, value in settings_for(study.name, candidate.settings, names):
             tables = set_dotted(tables, key, value)
         tables = rebase_paths(tables, keys, source, target)
         runs.append({"name": study.name, "seed": study.base.seed, "engine": study.base.engine, **tables})

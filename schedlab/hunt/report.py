@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 from .config import Goal
 from .evaluate import Score
 from .expression import split_name
-from .hunt import RANDOM, SEARCH, SHRINKING, Hunt, HuntOutcome
+from .hunt import RANDOM, SEARCH, SHRINKING, Hunt, HuntOutcome, random_samples
 from .output import copy_plugins, replay_document, requests_jsonl, summary_json, toml_document, write_text
 from .plots import counterexample_figure, search_figure, timeline_png
 
@@ -83,7 +84,7 @@ def error_line(outcome: HuntOutcome) -> str | None:
     if not errors:
         return None
     share = _of(sum(errors.values()), len(trials))
-    return f"a run failed on {share} workloads ({errors.most_common(1)[0][0]})"
+    return f"a run failed on {share} workloads ({errors.most_common(1)[0][0]}); the first is failure.toml"
 
 
 def interrupted_line(hunt: Hunt, outcome: HuntOutcome) -> str | None:
@@ -92,7 +93,7 @@ def interrupted_line(hunt: Hunt, outcome: HuntOutcome) -> str | None:
     if where is None:
         return None
     if where == RANDOM:
-        samples = hunt.config.budget if hunt.config.random is None else hunt.config.random
+        samples = random_samples(hunt.config, len(outcome.search))
         where = f"random sampling ({len(outcome.random)} of {samples} workloads)"
     elif where == SEARCH:
         where = f"the search ({len(outcome.search)} of {hunt.config.budget} workloads)"
@@ -170,8 +171,12 @@ def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
                    "worst": _value(random_best.score if random_best else None),
                    "feasible": sum(t.score.feasible for t in outcome.random),
                    "undefined": sum(t.score.undefined is not None for t in outcome.random),
+                   "errors": sum(t.score.error is not None for t in outcome.random),
                    "rejected": sum(bool(t.score.rejected) for t in outcome.random),
                    "values": [t.score.value if t.score.feasible else None for t in outcome.random]},
+        "failure": None if outcome.first_failure is None else {
+            "error": outcome.first_failure.score.error, "requests": len(outcome.first_failure.candidate.rows),
+            "settings": outcome.first_failure.candidate.settings},
         "found": bool(worst and goal.property is not None and goal.found(worst.score.value)),
         "worst": None if worst is None else {"from": outcome.worst_from, "value": _value(worst.score),
                                              "requests": len(worst.candidate.rows),
@@ -197,9 +202,10 @@ def write_reproducer(hunt: Hunt, outcome: HuntOutcome, folder: Path, label: str,
     goal = outcome.goal
     found_by = "" if outcome.worst_from == SEARCH else f" (from {outcome.worst_from}, not the search)"
     rejected = ", ".join(f"{run} {n}" for run, n in _rejected(hunt, score).items())
+    shown = f"a run failed with {len(candidate.rows)} requests: {score.error}" if score.error is not None else \
+        f"value {score.value:.6g} with {len(candidate.rows)} requests{found_by}"
     header = (f"{label} of `schedlab hunt {hunt.experiment.path}` (seed {hunt.experiment.config.seed}): "
-              f"{goal.describe()}\n"
-              f"value {score.value:.6g} with {len(candidate.rows)} requests{found_by}\n"
+              f"{goal.describe()}\n{shown}\n"
               f"requests rejected: {rejected}\n" + (f"{note}\n" if note else "") +
               f"replay it with\n  schedlab run {label}.toml")
     doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
@@ -221,8 +227,25 @@ def write_partial(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
                                         outcome.shrunk_score,
                                         "(the hunt was interrupted while shrinking: the workload shrunk so far)")
         written += copy_plugins(hunt.experiment, folder)
+    written += write_failure(hunt, outcome, folder)
     written.append(write_text(folder, "summary.txt", "\n".join(summary_lines(hunt, outcome)) + "\n"))
     return written
+
+
+def write_failure(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
+    """``failure.jsonl`` and ``failure.toml``: the first workload on which a run failed (a plugin
+    that raised, a stalled scheduler, settings that do not build), so that it can be replayed."""
+    failure = outcome.first_failure
+    if failure is None:
+        return []
+    written = write_reproducer(hunt, outcome, folder, "failure", failure.candidate, failure.score,
+                               "(the first workload of the hunt on which a run failed)")
+    return written + copy_plugins(hunt.experiment, folder)
+
+
+def file_part(name: str) -> str:
+    """A run's name as part of a file name: a character a file name cannot hold (``/``) as ``_``."""
+    return re.sub(r"[^\w.-]", "_", name)
 
 
 def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
@@ -249,9 +272,23 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
         for name, run in outcome.shrunk_runs.items():
             png = timeline_png(run)
             if png is not None:
-                written.append(write_text(folder, f"timeline_{name}.png", png))
+                written.append(write_text(folder, f"timeline_{file_part(name)}.png", png))
+    written += write_failure(hunt, outcome, folder)
     written.append(write_text(folder, "summary.txt", "\n".join(summary_lines(hunt, outcome)) + "\n"))
     return written
+
+
+def property_line(outcome: HuntOutcome) -> str:
+    """Whether the property was falsified -- or held, on how many workloads: only those feasible
+    test it, and with none feasible it was not tested at all."""
+    worst, goal = outcome.worst, outcome.goal
+    if worst is not None and goal.found(worst.score.value):
+        return "property falsified"
+    trials = outcome.search + outcome.random
+    tested = sum(t.score.feasible for t in trials)
+    if tested == 0:
+        return "property not tested: no workload was feasible"
+    return f"property held on every feasible workload ({_of(tested, len(trials))})"
 
 
 def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> list[str]:
@@ -262,7 +299,7 @@ def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> l
         lines.append(interrupted)
     if goal.constraints:
         lines.append("constraints: " + "; ".join(c.text for c in goal.constraints))
-    worst, search_best, random_best = outcome.worst, outcome.search_best, outcome.random_best
+    search_best, random_best = outcome.search_best, outcome.random_best
 
     def shown(trial):
         return "none feasible" if trial is None else f"{trial.score.value:.4g} ({len(trial.candidate.rows)} requests)"
@@ -281,8 +318,7 @@ def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> l
             lines.append(line)
     lines += constraint_lines(outcome, hunt.config.allow_rejected)
     if goal.property is not None:
-        lines.append("property falsified" if worst is not None and goal.found(worst.score.value)
-                     else "property held on every workload evaluated")
+        lines.append(property_line(outcome))
     if outcome.shrunk is not None:
         lines.append(f"shrunk: {len(outcome.shrunk.rows)} requests, value {outcome.shrunk_score.value:.4g} "
                      f"({outcome.shrink_evaluations} evaluations)")

@@ -170,10 +170,11 @@ def shrink_candidate(candidate: Candidate, space: Space, evaluator: Evaluator, g
     def many(batch: list[Candidate]) -> list[bool]:
         scores = [score for score, _ in evaluator.evaluate(batch)]
         verdicts = [check(score) for score in scores]
-        bar.update(len(batch))
+        taken = next((i for i, verdict in enumerate(verdicts) if verdict), None)
+        charged = len(batch) if taken is None else taken + 1   # as greedy_shrink charges its budget
+        bar.update(charged)
         if progress is not None:
-            progress.evaluations += len(batch)
-            taken = next((i for i, verdict in enumerate(verdicts) if verdict), None)
+            progress.evaluations += charged
             if taken is not None:
                 progress.candidate, progress.score = batch[taken], scores[taken]
                 progress.steps += 1
