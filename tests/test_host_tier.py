@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 
+from schedlab.configs import FieldError
 from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.testing import (
@@ -177,8 +178,17 @@ def test_host_memory_is_sized_from_the_models_bytes_per_block():
     # H100's host link is 64 GB/s: a block reloads in 67,108,864 / 64e9 s = 1.048576 ms
     assert kv.host.capacity == 1024
     assert kv.host.load_ms(1) == pytest.approx(1.048576 + 0.010, rel=1e-12)
-    radix = build_radix(RadixConfig(num_blocks=6, block_size=4, host_blocks=7, host_link_latency_us=0.0))
-    assert radix.host.capacity == 7 and radix.host.load_ms(3) == 0.0   # no bytes given: free reloads
+    radix = build_radix(RadixConfig(num_blocks=6, block_size=4, host_blocks=7, host_link_latency_us=0.0,
+                                    bytes_per_block=0))
+    assert radix.host.capacity == 7 and radix.host.load_ms(3) == 0.0   # bytes_per_block = 0: free reloads, asked for
+    # without a block's bytes, a tier in blocks (or SGLang's ratio of the pool) would reload for free, silently
+    for table in ({"host_blocks": 7}, {"hierarchical_cache": True}):
+        with pytest.raises(FieldError, match=r"(host_blocks|hierarchical_cache): moves blocks over the host link, "
+                                             r"timed by their size: set bytes_per_block"):
+            build_radix(RadixConfig(num_blocks=6, block_size=4, **table))
+    with pytest.raises(FieldError, match=r"swap_blocks: moves blocks over the host link"):
+        build_paged(PagedConfig(num_blocks=6, block_size=4, swap_blocks=4))
+    assert build_paged(PagedConfig(num_blocks=6, block_size=4, swap_blocks=4, bytes_per_block=1024)).swap_blocks == 4
     assert build_paged(PagedConfig(prefix_caching=True)).host is None
 
 

@@ -124,10 +124,10 @@ def test_radix_write_through_backs_up_a_node_at_insertion():
 
 
 def test_the_settings_default_to_write_through():
-    assert build_paged(PagedConfig(prefix_caching=True, host_blocks=4)).host.write_policy == "write_through"
-    kv = build_radix(RadixConfig(num_blocks=10, block_size=4, host_blocks=11))
+    assert build_paged(PagedConfig(prefix_caching=True, host_blocks=4, bytes_per_block=0)).host.write_policy == "write_through"
+    kv = build_radix(RadixConfig(num_blocks=10, block_size=4, host_blocks=11, bytes_per_block=0))
     assert kv.host.write_policy == "write_through"
-    kv = build_paged(PagedConfig(prefix_caching=True, host_blocks=4, write_policy="write_back"))
+    kv = build_paged(PagedConfig(prefix_caching=True, host_blocks=4, write_policy="write_back", bytes_per_block=0))
     assert kv.host.write_policy == "write_back"
 
 
@@ -175,16 +175,17 @@ def test_sglang_hicache_size_is_gb_per_rank_and_the_ratio_sizes_it_otherwise():
     kv = build_radix(RadixConfig(num_blocks=100, block_size=512, bytes_per_block=2 ** 26, host_memory_gb=64))
     assert kv.host.capacity == 953
     # no size: hicache_ratio (2.0) x the GPU pool
-    assert build_radix(RadixConfig(num_blocks=10, block_size=4, hierarchical_cache=True)).host.capacity == 20
     assert build_radix(RadixConfig(num_blocks=10, block_size=4, hierarchical_cache=True,
-                                   hicache_ratio=2.55)).host.capacity == 25
+                                   bytes_per_block=0)).host.capacity == 20
+    assert build_radix(RadixConfig(num_blocks=10, block_size=4, hierarchical_cache=True,
+                                   hicache_ratio=2.55, bytes_per_block=0)).host.capacity == 25
     assert build_radix(RadixConfig(num_blocks=10, block_size=4)).host is None
 
 
 def _kv_text(table):
     return ('[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\n'
             'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 3}\n'
-            f'[kv_cache]\nkind = "radix"\nnum_blocks = 10\nblock_size = 4\n{table}\n')
+            f'[kv_cache]\nkind = "radix"\nnum_blocks = 10\nblock_size = 4\nbytes_per_block = 4096\n{table}\n')
 
 
 @pytest.mark.parametrize("table, message", [

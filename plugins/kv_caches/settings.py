@@ -141,6 +141,16 @@ def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGL
     return (sizing.num_blocks if config.num_blocks is None else config.num_blocks), sizing
 
 
+def check_timed_transfers(config: PoolConfig, sizing, key: str) -> None:
+    """Swap space or a host tier given in blocks (``key``) moves blocks over the host link: without
+    their size in bytes (``bytes_per_block``, or ``model`` and ``gpu``) every transfer would take no
+    time, silently -- swap would look strictly better than recompute. ``bytes_per_block = 0`` says
+    so on purpose."""
+    if config.bytes_per_block is None and sizing is None:
+        raise FieldError(key, "moves blocks over the host link, timed by their size: set bytes_per_block (0: "
+                              "transfers take no time), or model and gpu to derive it")
+
+
 def link_of(config: PoolConfig, sizing) -> tuple[int, float]:
     """``(bytes_per_block, host_link_gbps)``: given, else from the presets, else 0 and 25 GB/s."""
     bytes_per_block = config.bytes_per_block
@@ -166,6 +176,8 @@ def host_tier(config: PoolConfig, sizing, parallelism: Parallelism = SINGLE, num
       is refused as SGLang refuses it at start-up."""
     if not config.has_host_tier:
         return None
+    if config.host_blocks is not None:
+        check_timed_transfers(config, sizing, "host_blocks")
     bytes_per_block, link = link_of(config, sizing)
     blocks = config.host_blocks
     if config.host_memory_gib:
@@ -183,6 +195,7 @@ def host_tier(config: PoolConfig, sizing, parallelism: Parallelism = SINGLE, num
             blocks = int(config.host_memory_gb * 1e9 // bytes_per_block)
         else:  # SGLang: host tokens = GPU pool tokens x ratio, rounded down to a whole page
             key = "hicache_ratio"
+            check_timed_transfers(config, sizing, "hierarchical_cache")
             blocks = int(num_blocks * config.block_size * config.hicache_ratio) // config.block_size
     if isinstance(config, RadixConfig) and blocks <= num_blocks:
         raise FieldError(key, f"a host tier of {blocks} blocks is not larger than the GPU pool's {num_blocks}: "
@@ -227,6 +240,8 @@ def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SI
     num_blocks, sizing = pool_size(config, presets, parallelism)
     bytes_per_block, link = link_of(config, sizing)
     swap_blocks = config.swap_blocks or 0
+    if swap_blocks:
+        check_timed_transfers(config, sizing, "swap_blocks")
     window = sizing.window if sizing is not None else None
     if config.swap_space_gib:
         if not bytes_per_block:

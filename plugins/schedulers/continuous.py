@@ -251,6 +251,11 @@ class ContinuousConfig:
         return self.async_scheduling
 
 
+def _has_swap_space(kv) -> bool:
+    """Whether ``kv`` can swap sequences out: a ``swap_out`` and some swap blocks."""
+    return callable(getattr(kv, "swap_out", None)) and bool(getattr(kv, "swap_blocks", 0))
+
+
 class ContinuousScheduler:
     """Iteration-level batching with vLLM's admission, budget and preemption rules."""
 
@@ -302,11 +307,19 @@ class ContinuousScheduler:
     def setting_notes(self, kv) -> list[str]:
         """Settings the run's cache makes moot (said once, as a warning): swap preemption with no
         swap space recomputes every victim (each refused swap counted in ``swap_failures``)."""
-        if self.config.preemption == "swap" and not (callable(getattr(kv, "swap_out", None))
-                                                     and getattr(kv, "swap_blocks", 0)):
+        if self.config.preemption == "swap" and not _has_swap_space(kv) and self.config.swap_full != "fail":
             return [f"preemption = 'swap' and the KV cache ({type(kv).__name__}) has no swap space: every "
                     "preemption recomputes ([kv_cache] swap_space_gib or swap_blocks gives it some)"]
         return []
+
+    def kv_problem(self, kv) -> str | None:
+        """``swap_full = "fail"`` with a cache that has no swap space: the first preemption would
+        fail the run (vLLM V0 aborts when it cannot swap), so it is refused when built."""
+        if self.config.preemption == "swap" and self.config.swap_full == "fail" and not _has_swap_space(kv):
+            return (f"preemption = 'swap' with swap_full = 'fail' and the KV cache ({type(kv).__name__}) has no swap "
+                    "space: the first preemption would fail the run; give it some ([kv_cache] swap_space_gib or "
+                    "swap_blocks) or set swap_full = \"recompute\"")
+        return None
 
     def new_waiting_queue(self):
         if self._key is not None:
@@ -712,6 +725,10 @@ class ContinuousScheduler:
             if budget < 1 or len(plan.running) >= self.config.max_num_seqs:
                 break
             if need is not None and kv.num_free_blocks() - need(seq) < watermark:
+                if need(seq) > kv.num_blocks - watermark:   # (vLLM V0 waits for ever too: say why, should it stall)
+                    self.stall_hint = (f"request {seq.request.id} is swapped out holding {need(seq)} KV blocks, more "
+                                       f"than the {kv.num_blocks - watermark} above the watermark: vLLM V0's _can_swap "
+                                       "answers LATER for ever (preemption = \"recompute\" turns it away instead)")
                 break
             if not plan.swap_in(seq):
                 break
@@ -781,7 +798,16 @@ class ContinuousScheduler:
         ``hit``) in an empty cache, or None: with a model's window layers a chunk holds its window
         blocks for every token it computes, and with ``reserve_full_prompt`` admission asks the
         whole sequence's blocks free -- a recompute longer than its prompt may need more than the
-        whole cache (vLLM would wait, or preempt it again, for ever; schedlab turns it away)."""
+        whole cache (vLLM would wait, or preempt it again, for ever; schedlab turns it away). vLLM V0
+        checks the whole sequence against the blocks above the watermark (``can_allocate``,
+        block_manager.py v0.8.5: NEVER, and the group is ignored), so a request that grew into the
+        watermark while decoding cannot come back: it is turned away as V0 does."""
+        if self._v0:
+            whole = -(-seq.num_tokens // kv.block_size)
+            usable = kv.num_blocks - self._watermark_blocks(kv)
+            if whole > usable:
+                return (f"its recompute of {seq.num_tokens} tokens needs {whole} KV blocks but the cache has {usable} "
+                        "above the watermark (vLLM V0 ignores it: can_allocate says NEVER)")
         window = getattr(kv, "window", None)
         if window is None:
             return None

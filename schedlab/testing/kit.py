@@ -436,7 +436,7 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     * arrival <= taken (the engine's loop took it: :mod:`schedlab.engine.taking`) <= first
       scheduled <= first token <= finish, and the first token comes no earlier than the end of
       an iteration that started after arrival;
-    * the KV cache is empty at the end and its own invariants hold (its ``check_invariants()``,
+    * the KV cache is empty at the end, its swap space too, and its own invariants hold (its ``check_invariants()``,
       called when the cache has one: runs do not need it, so a cache without it is checked
       from the outside only; this end-of-run call sees an empty cache, :class:`IterationChecker`
       calls it after every iteration); busy and KV shares of the run are at most 1;
@@ -523,6 +523,9 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
             used = kv.num_used_blocks()
             assert used == 0, f"{used} KV blocks still held after the run" + (
                 " (a negative count: blocks freed more often than taken)" if used < 0 else " (a leak)")
+            swap = getattr(kv, "swap_used", 0)   # (a cache with swap space gives every copy back too)
+            assert not swap, (f"{swap} swap blocks still held after the run (swap space not given back by "
+                              "swap_in or free_swapped: a leak)")
             check_invariants = getattr(kv, "check_invariants", None)
             if check_invariants is not None:  # (optional: runs do not need it)
                 check_invariants()
