@@ -23,8 +23,8 @@ from schedlab.catalog import load_catalog
 from schedlab.errors import ConfigError
 from schedlab.testing import examples
 from schedlab_plugins.cost_models.collectives import (
-    A100_NCCL, B200_LATENCY, DERIVATION, GPU_DEFAULT_TOPOLOGY, NCCL_PROTOCOLS_FIT, TOPOLOGIES, Collectives, Topology,
-    machine, topology)
+    A100_NCCL, B200_LATENCY, DERIVATION, GPU_DEFAULT_TOPOLOGY, H100_NVLS, NCCL_PROTOCOLS_FIT, TOPOLOGIES, Collectives,
+    Topology, machine, nccl_nvls_all_reduce_gbps, nccl_ring_gbps, topology)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -119,6 +119,63 @@ def test_h100_pcie_at_tensor_parallel_8_stays_in_one_server():
 def test_measured_bandwidth_by_rank_count_is_interpolated():
     t = Topology("t", link="nvlink", bus_gbps=1.0, bus_gbps_by_ranks={2: 100.0, 8: 400.0})
     assert [t.island_bus_gbps(r) for r in (2, 4, 8, 16)] == [100.0, 200.0, 400.0, 400.0]
+
+
+def test_nccls_tuner_runs_an_h100_nodes_all_reduce_as_nvls_from_5_gpus():
+    """NCCL's tuner on a DGX H100 (18 NVLinks x SM90_NVLINK_BW 20.6 GB/s): the ring search fits 6
+    channels at 60 GB/s (360); an NVLS all-reduce of n GPUs gets the fastest speed with (n + 1) x
+    speed on each GPU's link, x n channels x 0.85 x (n - 1) / n x 2: 2 x 60 x 0.85 x 1/2 x 2 = 102,
+    4 x 60 x 0.85 x 3/4 x 2 = 306, 5 x 60 x 0.85 x 4/5 x 2 = 408, 8 x 40 x 0.85 x 7/8 x 2 = 476.
+    On a DGX A100 (NCCL's old speeds, 12 x 20 GB/s) the ring is 6 x 40 = 240, as A100_NCCL has it."""
+    h100 = 18 * 20.6
+    assert nccl_ring_gbps(h100) == 360.0
+    a100_speeds = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+    assert nccl_ring_gbps(12 * 20.0, a100_speeds) == A100_NCCL["nccl_bus_gbps"] == 240.0
+    nvls = {n: nccl_nvls_all_reduce_gbps(n, h100, 0.85) for n in (1, 2, 4, 5, 8)}
+    assert nvls == pytest.approx({1: 0.0, 2: 102.0, 4: 306.0, 5: 408.0, 8: 476.0}, rel=1e-12)
+    assert H100_NVLS == {"nvls_ranks": 5} and TOPOLOGIES["dgx-h100"].nvls_ranks == 5
+    assert all(t.nvls_ranks is None for name, t in TOPOLOGIES.items() if name != "dgx-h100")
+
+
+def test_the_ring_takes_the_measured_all_reduce_below_nvls():
+    """From ``nvls_ranks`` on the measured all-reduce is NVLS's; a ring takes the nearest rank count below."""
+    t = Topology("t", link="nvlink", bus_gbps=50.0, bus_gbps_by_ranks={2: 100.0, 4: 200.0, 8: 400.0}, nvls_ranks=5)
+    assert [t.ring_bus_gbps(r) for r in (2, 3, 4, 5, 8, 16)] == [100.0, 150.0, 200.0, 200.0, 200.0, 200.0]
+    assert [t.island_bus_gbps(r) for r in (4, 8)] == [200.0, 400.0]
+    assert attrs.evolve(t, nvls_ranks=None).ring_bus_gbps(8) == 400.0
+    assert attrs.evolve(t, bus_gbps_by_ranks=()).ring_bus_gbps(8) == 50.0
+
+
+def test_on_an_h100_node_gather_scatter_and_all_to_all_take_the_ring_not_nvls():
+    """64 MiB over 8 GPUs of the DGX H100 preset. All-gather and reduce-scatter: a Simple ring at
+    the 4-GPU ring's 361 GB/s, 8.4 + 7 x 3.4 us + 7/8 x 64 MiB / 361 GB/s = 194.86 us (at the
+    NVLS all-reduce's 403 GB/s: 177.9); all-to-all 8.4 + 3.4 + the same; the all-reduce keeps
+    NVLS's measured 403, 8.4 + 14 x 3.4 + 2 x 7/8 x 64 MiB / 403 GB/s = 347.4 us. At 4 GPUs, a ring
+    all-reduce, nothing changes (361 for all)."""
+    c = Collectives(TOPOLOGIES["dgx-h100"], 8)
+    size = 64 * 2 ** 20
+    bus_bytes = 7 / 8 * size
+    assert c.all_gather_ms(size) == pytest.approx((8.4 + 7 * 3.4 + bus_bytes / 361e3) * 1e-3, rel=1e-12)
+    assert c.reduce_scatter_ms(size) == c.all_gather_ms(size)
+    assert c.all_to_all_ms(size) == pytest.approx((8.4 + 3.4 + bus_bytes / 361e3) * 1e-3, rel=1e-12)
+    assert c.all_reduce_ms(size) == pytest.approx((8.4 + 14 * 3.4 + 2 * bus_bytes / 403e3) * 1e-3, rel=1e-12)
+    four = Collectives(TOPOLOGIES["dgx-h100"], 4)
+    assert four.all_gather_ms(size) == pytest.approx((8.4 + 3 * 3.4 + 0.75 * size / 361e3) * 1e-3, rel=1e-12)
+    # two 8-GPU nodes: the network (36 GB/s) sets the pace either way
+    two_nodes = Collectives(TOPOLOGIES["dgx-h100"], 16)
+    assert two_nodes._ring == two_nodes._bus == 36.0
+
+
+def test_held_out_an_h100_nodes_8_gpu_gather_scatter_and_all_to_all():
+    """aiconfigurator's nccl-tests on 8 H100s (NCCL 2.29.2), not fitted to: at the ring's bus
+    bandwidth the all-gather has 12 of 13 sizes above 64 KB within 15% (8 at NVLS's), median 7.3%
+    (14.5%); the reduce-scatter 12, median 4.9% (6.1%); the all-to-all, still slower than the
+    model, 3 (1), median 21.2% (24.7%)."""
+    rows = {(r["collective"], r["ranks"]): r for r in derive_collectives.held_out_check() if r["machine"] == "dgx-h100"}
+    gather, scatter, to_all = rows["all_gather", 8], rows["reduce_scatter", 8], rows["alltoall", 8]
+    assert gather["within"] >= 12 and gather["median_pct"] < 8.0, gather
+    assert scatter["within"] >= 12 and scatter["median_pct"] < 5.5, scatter
+    assert to_all["within"] >= 3 and to_all["median_pct"] < 22.0, to_all
 
 
 def test_nccl_picks_the_protocol_by_its_own_model_and_it_runs_at_the_measured_rates():

@@ -26,7 +26,10 @@ its points above 1.5 x the floor (least squares in log time): quoted in
 ``plugins/cost_models/collectives.py`` as ``DERIVATION``. On a machine whose preset picks its
 protocols as NCCL's tuner does (``nccl_bus_gbps``: the DGX A100), it first fits what those
 protocols really do there -- LL128's share of the bus and Simple's latency beyond NCCL's
-constants (:func:`fit_protocols`, quoted as ``NCCL_PROTOCOLS_FIT``) -- and the bus bandwidths with them. With ``--table`` it prints, for every
+constants (:func:`fit_protocols`, quoted as ``NCCL_PROTOCOLS_FIT``) -- and the bus bandwidths with them.
+It also prints what NCCL's tuner rates a DGX H100's ring and NVLS all-reduce at, from NCCL's own
+constants (``H100_NVLS``: from that many GPUs the all-reduce measured is NVLS's, and the preset's
+other collectives take the ring's bus bandwidth; nothing here is fitted). With ``--table`` it prints, for every
 series, the presets' error against the measured points (the README table) and how many points
 the presets explain; ``--write-subset`` writes the small CSV subset the tests recompute it from.
 ``tools/derive_roofline.py`` calls :func:`main` after its own derivation.
@@ -44,7 +47,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from plugins.cost_models.collectives import TOPOLOGIES, Collectives, Topology  # noqa: E402
+from plugins.cost_models.collectives import (  # noqa: E402
+    NCCL_NVLINK_GBPS, NCCL_NVLS_EFFICIENCY, TOPOLOGIES, Collectives, Topology, nccl_nvls_all_reduce_gbps,
+    nccl_nvls_ranks, nccl_ring_gbps)
 
 SHARED = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
               REPO.parent / "shared")
@@ -338,6 +343,11 @@ def main(argv: list[str]) -> int:
               f"{AIC_HELD_OUT.relative_to(REPO)}")
     series = {**read_series(args.network), **read_aic_series()}
     print(f"B200 latency fitted to aiconfigurator's small all-reduces (B200_LATENCY): {fit_latency(series)}")
+    h100 = 18 * NCCL_NVLINK_GBPS["hopper"]
+    nvls = {n: round(nccl_nvls_all_reduce_gbps(n, h100, NCCL_NVLS_EFFICIENCY["hopper"]), 1) for n in range(2, 9)}
+    print(f"NCCL's tuner on a DGX H100 (18 x {NCCL_NVLINK_GBPS['hopper']} GB/s): ring {nccl_ring_gbps(h100):g} GB/s, "
+          f"NVLS all-reduce by GPUs {nvls}: NVLS from {nccl_nvls_ranks(h100, NCCL_NVLS_EFFICIENCY['hopper'])} GPUs "
+          f"(H100_NVLS)")
     for folder, preset in PRESET_OF.items():
         if TOPOLOGIES[preset].nccl_bus_gbps is not None and any(k[0] == folder for k in series):
             print(f"Protocols where NCCL's tuner picks them, {folder} (NCCL_PROTOCOLS_FIT): "

@@ -38,6 +38,28 @@ channels x threads x ``threadThreshold`` (Simple: 512 x 64 B = 32 KB a channel, 
 busy from 1 MB), and the send/recv of all-to-all and pipelines take NCCL's p2p path, not this
 model (their protocol stays the fastest one).
 
+**NVLS: an NVSwitch node's all-reduce is not a ring.** On Hopper and later NVSwitch nodes NCCL also
+has NVLS (NVLink SHARP: the switch reduces and multicasts; ``src/transport/nvls.cc``,
+``ncclNvlsInit``: any 2 or more GPUs with multicast support), and its tuner (NCCL 2.28.3 on)
+rates an NVLS all-reduce at ``nChannels x bwIntra x nvlsEfficiency x (nChannels - 1) /
+nChannels x 2`` --
+the NVLS graph's channels and per-channel speed from its search (``src/graph/search.cc``,
+``ncclTopoSearchTryNvls``: one channel per GPU, each GPU's link carrying ``ranks + 1`` times the
+speed) -- against the ring's channels x speed (:func:`nccl_nvls_all_reduce_gbps`,
+:func:`nccl_ring_gbps`). On a DGX H100 that is 102, 306, 408 and 476 GB/s at 2, 4, 5 and 8 GPUs
+against the ring's 360: from 5 GPUs NCCL's all-reduce runs as NVLS (at 25 us, below the ring's
+Simple latency), and the all-reduce bus bandwidth measured there (403 GB/s at 8 GPUs; 445 on the
+held-out node at 512 MB, past the 18 x 20.6 GB/s a ring can use) is NVLS's. All-gather and
+reduce-scatter can run as NVLS too (NCCL 2.17 and 2.19 on), but the tuner rates them at
+``... x (ranks - 1) / ranks`` without the all-reduce's factor 2 (at 8 GPUs 208 GB/s of algorithm
+bandwidth against the ring's 360 x 8 / 7 = 411; its LL and LL128 rings win at every size), so
+NCCL 2.29 runs them as rings -- unless registered buffers and ``NCCL_CTA_POLICY_EFFICIENCY`` force
+NVLS (``ncclGetAlgoInfo``); an all-to-all is grouped send/recv (``src/enqueue.cc``,
+``scheduleP2pTasksToPlan``), never NVLS. They take the ring's bus bandwidth
+(:meth:`Topology.ring_bus_gbps`: the measured all-reduce's below ``nvls_ranks``; on the DGX H100
+Vidur's 4-GPU 361 GB/s, which is NCCL's own ring estimate for 4 and 8 GPUs alike, 12 channels x
+30 GB/s).
+
 **Links** (NCCL's three latency classes): ``nvlink`` (NVLink or NVSwitch), ``pcie`` (PCIe with
 peer-to-peer: one GPU writes straight into the other's memory) and ``host`` (PCIe *without*
 peer-to-peer -- GeForce cards, many cloud VMs, IOMMU/ACS on: NCCL's SHM transport, where the
@@ -91,6 +113,56 @@ TREE_EFFICIENCY = 0.92
 #: The latency class of each link kind (``host`` is PCIe to NCCL's tuner).
 LINK_CLASS = {"nvlink": "nvlink", "pcie": "pcie", "host": "pcie"}
 LINKS = tuple(LINK_CLASS)
+#: NCCL's bandwidth of one NVLink, GB/s (``src/graph/topo.h``: ``SM80_NVLINK_BW``, ``SM90_NVLINK_BW``).
+NCCL_NVLINK_GBPS = {"ampere": 20.0, "hopper": 20.6}
+#: The per-channel speeds, GB/s, NCCL's topology search tries inside a Hopper node, fastest first
+#: (``src/graph/search.cc``, ``sm90SpeedArrayIntra``).
+NCCL_SM90_SPEEDS = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+#: ``nvlsEfficiency`` (``src/graph/tuning.cc``): the share of NVLS's links NCCL's tuner counts on Hopper.
+NCCL_NVLS_EFFICIENCY = {"hopper": 0.85}
+
+
+def nccl_ring_gbps(gpu_gbps: float, speeds=NCCL_SM90_SPEEDS) -> float:
+    """The ring bus bandwidth NCCL's tuner assumes inside an NVSwitch node whose GPUs each have
+    ``gpu_gbps`` of NVLink into the switches (``ncclTopoTuneModel``: ``graphs[RING]->nChannels x
+    bwIntra``): each ring channel takes its speed out of and into every GPU, so at a speed the
+    search (``ncclTopoCompute``) fits ``gpu_gbps // speed`` channels. It starts at the fastest
+    speed, tries slower ones while they are more than 0.49 of the speed found, and keeps a slower
+    one only if it carries more (``ncclTopoCompareGraphs``); ``ncclTopoDupChannels`` then doubles
+    the channels at half the speed, the same total. DGX H100, 18 x 20.6 GB/s: 6 channels at 60 =
+    360 GB/s (50: 350, 40 and 30: 360; 12 at 30 after duplication)."""
+    found = 0.0, 0.0  # (total, speed)
+    for s in speeds:
+        if found[1] and s / found[1] <= 0.49:
+            break
+        total = int(gpu_gbps // s) * s
+        if total > found[0]:
+            found = total, s
+    return found[0]
+
+
+def nccl_nvls_all_reduce_gbps(ranks: int, gpu_gbps: float, efficiency: float, speeds=NCCL_SM90_SPEEDS) -> float:
+    """The bus bandwidth NCCL's tuner gives an NVLS all-reduce of ``ranks`` GPUs of one NVSwitch
+    node (``ncclTopoTuneModel``: ``nChannels x bwIntra x nvlsEfficiency x (nChannels - 1) /
+    nChannels``, x 2 for an all-reduce, which pipelines its reduce and its multicast). The NVLS
+    graph has one channel per GPU (``ncclTopoCompute``: ``minChannels = maxChannels = ngpus`` on
+    one node), and in channel ``g`` the switch reads from and writes to every GPU once and GPU
+    ``g`` twice (``ncclTopoSearchTryNvls``), so every GPU's link carries ``ranks + 1`` times the
+    speed: the fastest speed of ``speeds`` that fits. NVLS needs 2 channels."""
+    if ranks < 2:
+        return 0.0
+    speed = next((s for s in speeds if (ranks + 1) * s <= gpu_gbps), 0.0)
+    return ranks * speed * efficiency * (ranks - 1) / ranks * 2.0
+
+
+def nccl_nvls_ranks(gpu_gbps: float, efficiency: float, speeds=NCCL_SM90_SPEEDS, most: int = 8) -> int | None:
+    """The fewest GPUs of one NVSwitch node whose all-reduce NCCL's tuner rates faster as NVLS
+    than as a ring (None: none up to ``most``); from there on it runs NVLS from 1-2 MB up (NVLS's
+    latency in NCCL's tuner, ``hwLatencies`` NVLink NVLS Simple, 25 us, is below the ring's Simple
+    latency from 4 GPUs on, 8.4 + 2 (n - 1) x 3.4 us; the ring's LL keeps the small sizes)."""
+    ring = nccl_ring_gbps(gpu_gbps, speeds)
+    return next((n for n in range(2, most + 1) if nccl_nvls_all_reduce_gbps(n, gpu_gbps, efficiency, speeds) > ring),
+                None)
 
 
 def _bandwidth_table(value) -> tuple[tuple[int, float], ...]:
@@ -157,6 +229,11 @@ class Topology:
                                                             "(with nccl_bus_gbps)")
     simple_extra_hop_us: float = float_field(0.0, min=0.0, help="what each step of such a Simple ring pays beyond "
                                                                 "NCCL's hop latency, us (with nccl_bus_gbps)")
+    nvls_ranks: int | None = int_field(
+        None, min=2, optional=True,
+        help="from this many ranks of one island NCCL's all-reduce runs as NVLS (the NVSwitch reduces): the "
+             "measured all-reduce bus bandwidth there is NVLS's, and all-gather, reduce-scatter and all-to-all, "
+             "which stay rings and send/recv, take the ring's, measured below it (unset: no NVLS)")
     source: str = str_field("", help="where the numbers come from")
 
     def __attrs_post_init__(self) -> None:
@@ -179,6 +256,19 @@ class Topology:
             if ranks <= r1:
                 return g0 + (g1 - g0) * (ranks - r0) / (r1 - r0)
         return table[-1][1]
+
+    def ring_bus_gbps(self, ranks: int) -> float:
+        """Bus bandwidth of a ring (all-gather, reduce-scatter) or of all-to-all's send/recv over
+        ``ranks`` GPUs of one island: the all-reduce's (:meth:`island_bus_gbps`) where that is a
+        ring; from ``nvls_ranks`` on, where the all-reduce measured is NVLS's, the measured rank
+        counts below it (the nearest: NCCL's ring graph inside an NVSwitch node is the same for
+        every rank count, :func:`nccl_ring_gbps`)."""
+        if self.nvls_ranks is None or ranks < self.nvls_ranks:
+            return self.island_bus_gbps(ranks)
+        below = [(r, g) for r, g in self.bus_gbps_by_ranks if r < self.nvls_ranks]
+        if not below:
+            return self.bus_gbps
+        return attrs.evolve(self, bus_gbps_by_ranks=below, nvls_ranks=None).island_bus_gbps(ranks)
 
 
 #: What ``tools/derive_collectives.py`` printed on Vidur's NCCL timings
@@ -221,6 +311,10 @@ A100_NCCL = {"nccl_bus_gbps": 12 * 20.0, "nccl_ll_max_gbps": NCCL_LL_MAX_GBPS["a
 #: (8.4 + 3.4 a step on NVLink). aiconfigurator's nccl-tests on another A100 node, fitted alone,
 #: give LL128 0.66-0.82 and Simple 20, 30 and 50 us over NCCL's on 2, 4 and 8 GPUs (README, "Held out").
 NCCL_PROTOCOLS_FIT = {"a100_dgx": {"ll128_share": 0.62, "simple_extra_us": 23.2, "simple_extra_hop_us": 3.07}}
+#: Where a DGX H100's all-reduce runs as NVLS by NCCL's tuner: 18 NVLinks a GPU into the
+#: NVSwitches at ``SM90_NVLINK_BW`` (18 x 20.6 = 370.8 GB/s): the ring 6 x 60 = 360 GB/s, NVLS 102,
+#: 306, 408 and 476 GB/s at 2, 4, 5 and 8 GPUs (:func:`nccl_nvls_all_reduce_gbps`), so from 5 GPUs.
+H100_NVLS = {"nvls_ranks": nccl_nvls_ranks(18 * NCCL_NVLINK_GBPS["hopper"], NCCL_NVLS_EFFICIENCY["hopper"])}
 #: A B200 node's NCCL latency, which NCCL's constants put too low there: ``base + 2 (n - 1) x hop``
 #: fitted to the median time of its 64 KB-or-smaller all-reduces on 2, 4 and 8 GPUs (10.4, 15.6
 #: and 26.0 us; aiconfigurator's CUDA-event times carry no launch skew, unlike Vidur's)
@@ -249,13 +343,17 @@ class Collectives:
                               f"(nodes of {t.gpus_per_node} GPUs)")
         self.nodes = ranks // per_node
         island = t.island_size
+        # _bus: the all-reduce's bus bandwidth (NVLS's where NCCL runs it); _ring: a ring's
+        # (all-gather, reduce-scatter) and all-to-all's, never NVLS's (Topology.ring_bus_gbps)
         if per_node <= island:
             self._link, self._bus = LINK_CLASS[t.link], t.island_bus_gbps(per_node)
+            self._ring = t.ring_bus_gbps(per_node)
             self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
         else:  # the ring leaves its island: the slower link sets the pace
             slow = t.cross_island_gbps if t.cross_island_gbps is not None else t.bus_gbps
             self._link = LINK_CLASS[t.cross_island_link]
             self._bus = min(t.island_bus_gbps(island), slow)
+            self._ring = min(t.ring_bus_gbps(island), slow)
             self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
         self._per_node = per_node
         # NCCL's own estimate picks the protocol inside an island of one node (its LL ceiling too)
@@ -268,6 +366,7 @@ class Collectives:
                                   f"nodes): give one, interconnect = {{like = \"{t.name}\", network_gbps = 25}}, or "
                                   f"keep the layout within a node")
             self._bus = min(self._bus, t.network_gbps)
+            self._ring = min(self._ring, t.network_gbps)
             self._p2p = t.network_gbps
 
     # --- the algorithms ---------------------------------------------------------------------
@@ -349,11 +448,12 @@ class Collectives:
         return us * 1e-3
 
     def all_gather_ms(self, nbytes: float) -> float:
-        """Every rank ends with all ranks' ``nbytes / n`` pieces (``nbytes`` of output)."""
+        """Every rank ends with all ranks' ``nbytes / n`` pieces (``nbytes`` of output); a ring
+        at the ring's bus bandwidth (not NVLS's, see the module docstring)."""
         n = self.ranks
         if n == 1:
             return 0.0
-        return self._ring_us(nbytes, n - 1, self.nodes - 1, (n - 1) / n, self._bus, tuned=True) * 1e-3
+        return self._ring_us(nbytes, n - 1, self.nodes - 1, (n - 1) / n, self._ring, tuned=True) * 1e-3
 
     def reduce_scatter_ms(self, nbytes: float) -> float:
         """Rank ``i`` ends with the sum of every rank's ``i``-th piece of its ``nbytes`` buffer."""
@@ -361,12 +461,13 @@ class Collectives:
 
     def all_to_all_ms(self, nbytes: float) -> float:
         """Every rank sends a ``1 / n`` share of its ``nbytes`` to every other rank at once
-        (NCCL: one send/recv pair per peer, grouped), e.g. MoE expert-parallel dispatch."""
+        (NCCL: one send/recv pair per peer, grouped), e.g. MoE expert-parallel dispatch; at the
+        ring's bus bandwidth (send/recv is never NVLS)."""
         n = self.ranks
         if n == 1:
             return 0.0
         inter = 1 if self.nodes > 1 else 0
-        return self._ring_us(nbytes, 1, inter, (n - 1) / n, self._bus) * 1e-3
+        return self._ring_us(nbytes, 1, inter, (n - 1) / n, self._ring) * 1e-3
 
     def send_recv_ms(self, nbytes: float) -> float:
         """One rank sends ``nbytes`` to another (e.g. activations between pipeline stages;
@@ -452,8 +553,10 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
     Topology("dgx-h100", link="nvlink", gpus_per_node=8, bus_gbps=_d("h100_dgx", "all_reduce", 8, 8),
              bus_gbps_by_ranks={r: _d("h100_dgx", "all_reduce", r, r) for r in (2, 4, 8)},
              p2p_gbps=_d("h100_dgx", "send_recv", 2, 2), network_gbps=_d("h100_dgx", "send_recv", 2, 1),
+             **H100_NVLS,
              source="DGX H100: NVSwitch, NVLink 4 (450 GB/s each way per GPU), 8x ConnectX-7 400 Gb/s; bus "
-                    "bandwidths fitted to Vidur's NCCL timings (tools/derive_collectives.py)"),
+                    "bandwidths fitted to Vidur's NCCL timings (tools/derive_collectives.py); all-reduces of 5 "
+                    "or more GPUs are NVLS's, the other collectives take the ring's (H100_NVLS)"),
     Topology("dgx-a100", link="nvlink", gpus_per_node=8, bus_gbps=_d("a100_dgx", "all_reduce", 8, 8),
              bus_gbps_by_ranks={r: _d("a100_dgx", "all_reduce", r, r) for r in (2, 4, 8)},
              p2p_gbps=_d("a100_dgx", "send_recv", 2, 2), network_gbps=_d("a100_dgx", "send_recv", 2, 1),
