@@ -96,3 +96,29 @@ def test_the_kit_notices_swap_space_never_given_back():
         check_run(result, requests, kv_blocks=12)
     sound = PagedKVCache(12, 4, swap_blocks=40, bytes_per_block=2 ** 20, host_link_gbps=1.0)
     check_run(run_engine(requests, ContinuousScheduler(config), cost(), sound), requests, kv_blocks=12)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_vllm_presets_watermark_is_v1s_kept_only_while_a_request_runs(engine):
+    """vLLM 0.33's --watermark (KVCacheManager.allocate_slots, has_scheduled_reqs=bool(self.running))
+    keeps blocks free only when a waiting request is admitted beside a running one, and never turns
+    a request away. 100 blocks of 4, watermark 0.1 (10 blocks): A, 383 tokens (96 blocks) at most,
+    alone is served -- schedlab turned it away on arrival, as V0 does (96 > 90). B (4 tokens + 1)
+    arrives while A holds 95 blocks (its 376 prompt tokens and a slot): 5 free, 2 + 10 > 5, so B
+    waits for A to finish; without a watermark it joins at once."""
+    from schedlab_plugins.schedulers.presets import VllmConfig
+
+    a, b = Request(0, 0.0, 376, 8), Request(1, 50.0, 4, 4)
+    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=512, watermark=0.1)
+    result = run_engine([a, b], ContinuousScheduler(config), cost(), PagedKVCache(100, 4), engine=engine)
+    check_run(result, [a, b], kv_blocks=100)
+    assert result.metrics["rejected"] == 0
+    first_scheduled, finish = result.requests["first_scheduled_ms"], result.requests["finish_ms"]
+    assert first_scheduled[1] >= finish[0]   # B waited for A's blocks: the watermark held while A ran
+    without = run_engine([a, b], ContinuousScheduler(VllmConfig(max_num_seqs=4, max_num_batched_tokens=512)), cost(),
+                         PagedKVCache(100, 4), engine=engine)
+    assert without.requests["first_scheduled_ms"][1] < without.requests["finish_ms"][0]   # no watermark: B joins
+    # V0 (the continuous default) keeps its rule: turned away on arrival against the pool less the watermark
+    v0 = run_engine([a], ContinuousScheduler(ContinuousConfig(watermark=0.1, allocation="grow")), cost(),
+                    PagedKVCache(100, 4), engine=engine)
+    assert v0.metrics["rejected"] == 1

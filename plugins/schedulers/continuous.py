@@ -167,7 +167,8 @@ class ContinuousConfig:
     swap_full: str = str_field("recompute", choices=("recompute", "fail"),
                                help="when swap space is full: recompute instead (counted), or fail the run")
     watermark: float = float_field(0.0, min=0.0, max=1.0,
-                                   help="share of KV blocks kept free at admission and swap-in (vLLM V0 uses 0.01)")
+                                   help="share of KV blocks kept free at admission and swap-in (vLLM V0 uses 0.01; "
+                                        "the vllm preset, as vLLM V1's --watermark, only while a request runs)")
     prefill_first: bool = bool_field(False, help="an iteration that admits prompts skips decodes (vLLM V0, SGLang)")
     running_order: str = str_field(
         "admission", choices=("admission", "decodes_first"),
@@ -298,6 +299,9 @@ class ContinuousScheduler:
         #: vLLM V0's step rules (the vllm-v0 preset: ``v0_steps`` on its config); ``_v0_whole``:
         #: V0 without chunked prefill (``Scheduler._schedule_default``, vllm/core/scheduler.py v0.8.5)
         self._v0 = bool(getattr(c, "v0_steps", False))
+        #: vLLM V1's watermark (the vllm preset: ``watermark_while_running`` on its config): kept free
+        #: only while a request runs, at admission only; never a reason to turn a request away
+        self._v1_watermark = bool(getattr(c, "watermark_while_running", False))
         self._v0_whole = self._v0 and c.prefill_first and not c.chunked_prefill
         if c.decodes_wait_for_budget and c.max_num_batched_tokens < c.max_num_seqs:
             # a decode-only plan may leave decodes waiting for the budget: never "every decode"
@@ -390,7 +394,7 @@ class ContinuousScheduler:
             need = sequence_blocks(kv, tokens, request.prompt_tokens, chunk, reserve=self._reserve)
         if c.reserve_full_prompt and not self._reserve and not received:  # admission asks the whole prompt's blocks
             need = max(need, self._full_prompt_blocks(kv, request.prompt_tokens))
-        usable = kv.num_blocks - self._watermark_blocks(kv)
+        usable = kv.num_blocks - self._alone_watermark_blocks(kv)
         if self._v0 and not self._reserve and not received and usable < kv.num_blocks:
             # V0 decides NEVER on the prompt alone against the watermark (``can_allocate``,
             # vllm/core/block_manager.py v0.8.5), and its decodes may take every block
@@ -447,7 +451,14 @@ class ContinuousScheduler:
         return self._unit
 
     def _watermark_blocks(self, kv) -> int:
+        if self._v1_watermark:   # vLLM V1's pool counts its null block (BlockPool keeps one): num_blocks + 1
+            return int(self.config.watermark * (kv.num_blocks + 1))
         return int(self.config.watermark * kv.num_blocks)
+
+    def _alone_watermark_blocks(self, kv) -> int:
+        """The watermark a request alone in the cache must leave: vLLM V1 keeps none with nothing
+        running (``allocate_slots(has_scheduled_reqs=bool(self.running))``, vLLM 0.33)."""
+        return 0 if self._v1_watermark else self._watermark_blocks(kv)
 
     # -- one iteration -----------------------------------------------------------------------
     def schedule(self, plan) -> None:
@@ -768,7 +779,7 @@ class ContinuousScheduler:
                                    "place; raise max_num_batched_tokens")
                 return
             reserve = self._deduced_tokens(seq.request, plan.kv) if self._deduces else 0
-            while not (self._kv_allows(plan.kv, seq, n, hit)
+            while not (self._kv_allows(plan.kv, seq, n, hit, bool(plan.running))
                        and plan.admit(seq, n, reserve=self._reserve, reserve_tokens=reserve, padding=padding)):
                 if not self._make_room(plan, seq):
                     reason = self._never_fits(plan, seq, n, hit)
@@ -787,7 +798,7 @@ class ContinuousScheduler:
         if getattr(kv, "window", None) is None or len(plan.running) or kv.num_used_blocks():
             return None
         need = kv.blocks_needed(seq, n, cached_tokens=hit)
-        usable = kv.num_blocks - self._watermark_blocks(kv)
+        usable = kv.num_blocks - self._alone_watermark_blocks(kv)
         if need <= usable:
             return None
         return (f"its recompute of {n} tokens in one step needs {need} KV blocks at once (the model's window layers "
@@ -821,7 +832,7 @@ class ContinuousScheduler:
         if c.reserve_full_prompt:  # (the gate of _kv_allows, in an empty cache)
             whole = window.held(hit, tokens)
             need = max(need, -(-tokens // kv.block_size) + min(whole, self._window_admission_cap(kv, tokens)))
-        usable = kv.num_blocks - self._watermark_blocks(kv)
+        usable = kv.num_blocks - self._alone_watermark_blocks(kv)
         if need <= usable:
             return None
         steps = " in one step" if chunk >= tokens - hit else f" in chunks of {chunk}"
@@ -873,11 +884,11 @@ class ContinuousScheduler:
             n -= n % self._unit  # (TensorRT-LLM: a chunk not the last in whole units; 0: it waits)
         return n
 
-    def _kv_allows(self, kv, seq, n: int, hit: int) -> bool:
-        """Admitting ``seq`` with ``n`` tokens would leave at least the watermark free, and
-        with ``reserve_full_prompt`` its whole sequence would fit (vLLM 0.33
-        ``scheduler_reserve_full_isl``: ``allocate_slots(full_sequence_must_fit=True)``)."""
-        watermark = self._watermark_blocks(kv)
+    def _kv_allows(self, kv, seq, n: int, hit: int, running: bool = True) -> bool:
+        """Admitting ``seq`` with ``n`` tokens would leave at least the watermark free (vLLM V1's
+        only while a request is ``running``), and with ``reserve_full_prompt`` its whole sequence
+        would fit (vLLM 0.33 ``scheduler_reserve_full_isl``: ``allocate_slots(full_sequence_must_fit=True)``)."""
+        watermark = self._watermark_blocks(kv) if running else self._alone_watermark_blocks(kv)
         if self._reserve:
             if not watermark:
                 return True
@@ -920,7 +931,7 @@ class ContinuousScheduler:
             self._chunk_unit(plan.kv)
         hit = plan.cached_tokens(seq)
         n = self._admission_tokens(seq, hit, budget)
-        return bool(n) and self._kv_allows(plan.kv, seq, n, hit)
+        return bool(n) and self._kv_allows(plan.kv, seq, n, hit, bool(plan.running))
 
     def _make_room(self, plan, seq) -> bool:
         """With ``priority_preemption``, preempt a lower-priority running sequence for ``seq``:

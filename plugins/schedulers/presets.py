@@ -123,6 +123,10 @@ class VllmConfig(ContinuousConfig):
     #: vLLM refuses to start when one sequence of max_model_len does not fit the KV pool
     #: (ContinuousScheduler.start_up_problem; a plan skips such a deployment)
     refuses_unfit_max_model_len: ClassVar[bool] = True
+    #: vLLM 0.33's ``--watermark`` (``KVCacheManager.allocate_slots``): kept free when a waiting or
+    #: preempted request is admitted while another runs, not otherwise, and never a reason to turn a
+    #: request away on arrival (V0's, the ``continuous`` default, is)
+    watermark_while_running: ClassVar[bool] = True
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
