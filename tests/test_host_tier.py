@@ -523,7 +523,9 @@ def test_fast_engine_matches_reference_with_a_host_tier(requests, cfg, block_siz
     assert hosts["fast"].lru_keys() == hosts["reference"].lru_keys()
     check_run(runs["fast"], requests, kv_blocks=need + spare)
     c = runs["fast"].counters
-    assert c["host_hits"] == c["host_load_blocks"] * block_size <= c["prefix_hits"]
+    # (a preempted request's reloads count apart: vLLM's and SGLang's hit rates leave its re-admission out)
+    assert c["host_hits"] + c["prefix_preempted_host_hits"] == c["host_load_blocks"] * block_size
+    assert c["host_hits"] <= c["prefix_hits"]
     assert c["host_store_blocks"] == len(hosts["fast"]) + c["host_evictions"]
 
 

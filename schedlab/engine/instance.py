@@ -26,7 +26,8 @@ from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, coun
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
 from .load import Release, load
-from .plan import FastPlan, ask_scheduler, kv_for, limit_hook, model_len_limit, prefix_hits, rejection_hook
+from .plan import (FastPlan, ask_scheduler, host_share, kv_for, limit_hook, model_len_limit,
+                   prefix_hits, rejection_hook, swapped_blocks)
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -806,15 +807,22 @@ class Instance:
         self.enter_running(seq)
         self.prefilling[seq] = None
         if self.count_prefix:
-            self.counters["prefix_queries"] += seq.num_tokens
-            self.counters["prefix_hits"] += hit
+            c = self.counters
+            if seq.num_preemptions:  # a preempted request's re-admission: kept out of queries/hits
+                c["prefix_preempted_queries"] += seq.num_tokens
+                c["prefix_preempted_hits"] += hit
+            else:
+                c["prefix_queries"] += seq.num_tokens
+                c["prefix_hits"] += hit
 
-    def host_load(self, blocks: int) -> float:
-        """Account for an admission that loads ``blocks`` from the host tier; the reload time
-        (ms), which lengthens the iteration (LMCache's synchronous retrieval)."""
+    def host_load(self, blocks: int, seq: Sequence | None = None, hit: int = 0) -> float:
+        """Account for an admission of ``seq`` (its prefix hit ``hit`` tokens) that loads ``blocks``
+        from the host tier; the reload time (ms), which lengthens the iteration (LMCache's
+        synchronous retrieval). The host tier's share of the hit: :func:`host_share`."""
         ms = self.host_tier.load_ms(blocks)
         c = self.counters
-        c["host_hits"] += blocks * self.kv.block_size
+        share = host_share(blocks, hit, self.kv.block_size) if seq is not None else blocks * self.kv.block_size
+        c["prefix_preempted_host_hits" if seq is not None and seq.num_preemptions else "host_hits"] += share
         c["host_load_blocks"] += blocks
         c["host_load_ms"] += ms
         return ms
@@ -883,7 +891,7 @@ class Instance:
         if ms is None:
             c["swap_failures"] += 1
             return None
-        blocks = -(-seq.num_computed_tokens // self.kv.block_size)
+        blocks = swapped_blocks(seq, seq.num_computed_tokens + pending, self.kv.block_size)
         self._remove_decoder(seq, SWAPPED)
         del self.running[seq]
         self.swapped.append(seq)
@@ -896,6 +904,7 @@ class Instance:
         return ms
 
     def swap_in(self, seq: Sequence) -> float | None:
+        blocks = swapped_blocks(seq, seq.num_computed_tokens, self.kv.block_size)  # (what swap_out moved)
         ms = self.kv.swap_in(seq)
         if ms is None:
             return None
@@ -904,7 +913,7 @@ class Instance:
         self._add_decoder(seq)
         self.off_cycle[seq] = seq.last_token_ms  # (its ITL group until it decodes: its own last token)
         c = self.counters
-        c["swap_in_blocks"] += -(-seq.num_computed_tokens // self.kv.block_size)
+        c["swap_in_blocks"] += blocks
         c["swap_transfer_ms"] += ms
         return ms
 

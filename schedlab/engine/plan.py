@@ -145,6 +145,30 @@ def check_limited(scheduler, request, served):
     return served
 
 
+# A previously preempted request's re-admission finds its own blocks again: vLLM 0.33 keeps it out of
+# ``vllm:prefix_cache_queries/hits`` (``PrefixCacheStats.record(preempted=num_preemptions > 0)``) and
+# SGLang out of its ``cache_hit_rate`` (``retracted_stain``: ``reprocessed_log_*``); both engines
+# count those admissions in ``prefix_preempted_*`` instead (the host tier's share of their hits too).
+
+
+def host_share(blocks: int, hit: int, block_size: int) -> int:
+    """The tokens of a prefix hit of ``hit`` tokens that ``blocks`` loaded from the host tier
+    bring: the hit's blocks found on the GPU count whole, the host tier gets the rest. (Only a
+    hit cached when freed, TGI's whole-input hit of ``num_tokens - 1``, ends inside a block it
+    references: its recomputed last token is no hit, and is taken off the host tier's share.)"""
+    gpu = (-(-hit // block_size) - blocks) * block_size
+    return hit - min(hit, max(gpu, 0))
+
+
+def swapped_blocks(seq, tokens: int, block_size: int) -> int:
+    """The blocks the cache moved in swapping ``seq`` out (or, read before a swap-in, back in):
+    what ``swap_out`` stored in ``seq.kv_state`` and ``swap_transfer_ms`` was charged for (the
+    step's pending slot, a window model's window blocks included); for a cache keeping something
+    else there, the blocks of the ``tokens`` swapped."""
+    state = seq.kv_state
+    return state if type(state) is int else -(-tokens // block_size)
+
+
 def prefix_hits(kv):
     """How the engines ask ``kv`` for a waiting sequence's prefix hit: None when the cache declares
     ``prefix_caching = False`` (its hits are always 0: never asked), else a function of the
@@ -739,7 +763,7 @@ class FastPlan:
         self._claim(seq, "admitted")
         self._inst.on_admit(seq, hit, reserve_tokens)
         if host is not None and host.loaded != loaded:  # part of the hit comes back from host memory
-            self.transfer_ms += self._inst.host_load(host.loaded - loaded)
+            self.transfer_ms += self._inst.host_load(host.loaded - loaded, seq, hit)
         self.admitted.append(seq)
         self.prefills.append((seq, num_tokens))
         self._tokens += num_tokens + padding

@@ -77,9 +77,12 @@ COUNTERS = (
     "swap_out_blocks",
     "swap_in_blocks",
     "swap_transfer_ms",      # time the swaps added to iterations
-    "prefix_queries",        # tokens looked up in the prefix cache at admission (vLLM counter)
+    "prefix_queries",        # tokens looked up in the prefix cache at a first admission (vLLM counter)
     "prefix_hits",           # of those, tokens found cached (in either tier)
     "host_hits",             # of those, tokens loaded back from the host-memory tier
+    "prefix_preempted_queries",    # the same for re-admissions after a preemption (own blocks found again),
+    "prefix_preempted_hits",       # which vLLM's and SGLang's hit rates leave out (engine/plan.py)
+    "prefix_preempted_host_hits",
     "host_load_blocks",      # blocks loaded from the host tier
     "host_load_ms",          # time the reloads added to iterations
     "host_store_blocks",     # blocks the GPU cache evicted into the host tier

@@ -21,9 +21,9 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import (Refusals, admit_count_error, ask_scheduler, capped_slots, capped_verify, check_counts,
-                   check_reason, check_wake, kv_for, limit_hook, model_len_limit, prefix_hits, refusal,
-                   rejection_hook)
+from .plan import (Refusals, admit_count_error, ask_scheduler, capped_slots, capped_verify,
+                   check_counts, check_reason, check_wake, host_share, kv_for, limit_hook, model_len_limit, prefix_hits,
+                   refusal, rejection_hook, swapped_blocks)
 from .load import Release, load
 from . import drain, run_limit
 from .recorder import Recorder
@@ -297,7 +297,8 @@ class RefPlan:
         if host is not None and host.loaded > loaded:  # blocks reloaded from host memory
             blocks = host.loaded - loaded
             ms = blocks * host.bytes_per_block / (host.link_gbps * 1e9) * 1e3 + host.latency_us / 1e3
-            self._e.counters["host_hits"] += blocks * self._cache.block_size
+            share = host_share(blocks, hit, self._cache.block_size)  # (the tier's share of the hit)
+            self._e.counters["prefix_preempted_host_hits" if seq.num_preemptions else "host_hits"] += share
             self._e.counters["host_load_blocks"] += blocks
             self._e.counters["host_load_ms"] += ms
             self.transfer_ms += ms
@@ -317,8 +318,12 @@ class RefPlan:
         seq.cached_tokens_total += hit
         e.running[seq] = None
         if getattr(self._cache, "prefix_caching", False):
-            e.counters["prefix_queries"] += seq.num_tokens
-            e.counters["prefix_hits"] += hit
+            if seq.num_preemptions:  # re-admitted after a preemption: its own blocks found again
+                e.counters["prefix_preempted_queries"] += seq.num_tokens
+                e.counters["prefix_preempted_hits"] += hit
+            else:
+                e.counters["prefix_queries"] += seq.num_tokens
+                e.counters["prefix_hits"] += hit
         self.admitted.append(seq)
         self.prefills.append((seq, num_tokens))
         self.num_scheduled_tokens += num_tokens + padding
@@ -491,6 +496,7 @@ class RefPlan:
         pending = self.drafts[seq][1] if seq in self.drafts else 0
         seq.num_computed_tokens += pending  # its slots of this iteration go along (swap-in needs them again)
         ms = swap_out(seq) if swap_out is not None else None
+        moved = swapped_blocks(seq, seq.num_computed_tokens, self._cache.block_size) if ms is not None else 0
         seq.num_computed_tokens -= pending
         if ms is None:
             e.counters["swap_failures"] += 1
@@ -503,7 +509,7 @@ class RefPlan:
         seq.num_swaps += 1
         e.counters["num_preemptions"] += 1
         e.counters["swap_preemptions"] += 1
-        e.counters["swap_out_blocks"] += math.ceil(seq.num_computed_tokens / self._cache.block_size)
+        e.counters["swap_out_blocks"] += moved
         e.counters["swap_transfer_ms"] += ms
         self.transfer_ms += ms
         self.preempted.append(seq)
@@ -514,6 +520,7 @@ class RefPlan:
             raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}")
         if not self.decodes_all and not self.decode_all():
             return False
+        moved = swapped_blocks(seq, seq.num_computed_tokens, self._cache.block_size)  # (what swap_out moved)
         ms = self._cache.swap_in(seq)
         if ms is None:
             return False
@@ -522,7 +529,7 @@ class RefPlan:
         e.running[seq] = None
         seq.status = "decoding"
         seq.mark = self.serial
-        e.counters["swap_in_blocks"] += math.ceil(seq.num_computed_tokens / self._cache.block_size)
+        e.counters["swap_in_blocks"] += moved
         e.counters["swap_transfer_ms"] += ms
         self.transfer_ms += ms
         self.swapped_in.append(seq)

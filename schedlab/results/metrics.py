@@ -488,6 +488,12 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
         "swapped_out_bytes": int(c["swap_out_blocks"]) * int(meta.get("bytes_per_block") or 0),
         "swapped_in_bytes": int(c["swap_in_blocks"]) * int(meta.get("bytes_per_block") or 0),
         "swap_transfer_ms": float(c["swap_transfer_ms"]),
+        # the prefix-cache lookups of previously preempted requests' re-admissions (their own blocks
+        # found again), kept out of prefix_cache as vLLM's PrefixCacheStats and SGLang's cache_hit_rate
+        # keep them out
+        "prefix_queries": int(c.get("prefix_preempted_queries", 0)),
+        "prefix_hits": int(c.get("prefix_preempted_hits", 0)),
+        "prefix_host_hits": int(c.get("prefix_preempted_host_hits", 0)),
     }
     host = {name: c.get(name, 0) for name in ("host_hits", "host_load_blocks", "host_load_ms", "host_store_blocks",
                                                "host_evictions")}  # zero without a host tier
