@@ -148,8 +148,9 @@ def tgi_host_run(d_prompt: int):
 def test_tgi_whole_input_hit_from_the_host_tier():
     # both of A's blocks come back from the host: the hit is 7 tokens, all of them the host tier's
     for result, _ in tgi_host_run(40).values():
-        pc, pp = result.metrics["prefix_cache"], result.metrics["preemptions"]
+        pc = result.metrics["prefix_cache"]
         assert (pc["hits"], pc["host_loaded_blocks"]) == (7, 2)
+        assert result.metrics["preemptions"]["prefix_hits"] == 0   # (nothing preempted: all first admissions)
         assert (pc["host_hits"], pc["gpu_hits"]) == (7, 0)
 
 
