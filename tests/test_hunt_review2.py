@@ -7,7 +7,6 @@ arguments, random sampling follows a stopped search, and the summary says what w
 from __future__ import annotations
 
 import json
-import textwrap
 
 import attrs
 import pytest
@@ -21,6 +20,7 @@ from schedlab.hunt.expression import parse_condition, parse_expression
 from schedlab.hunt.hunt import load_hunt, run_hunt
 from schedlab.hunt.report import summary, summary_lines
 from schedlab.study.executor import InProcessExecutor
+from test_hunt import write
 
 #: A small two-run hunt on the linear cost model.
 BASE = """
@@ -53,12 +53,6 @@ BASE = """
 LLAMA = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
          "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
          "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
-
-
-def write(tmp_path, text: str, name: str = "hunt.toml"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
 
 
 @attrs.frozen
