@@ -64,12 +64,14 @@ def unreadable_json(exc: BaseException) -> str:
     return f"a number too long to read (more than {sys.get_int_max_str_digits()} digits)"
 
 
-def json_documents(text: str) -> list:
-    """Every JSON document in ``text``, in order (separated by whitespace or by nothing).
+def json_documents(text: str, duplicates: list | None = None) -> list:
+    """Every JSON document in ``text``, in order (separated by whitespace or by nothing). With
+    ``duplicates`` (a list), each key an object holds twice is appended to it (``json`` keeps the
+    last value silently: an edited or joined file).
 
     :raises JsonTextError: text that is empty or not JSON, naming the document it failed in.
     """
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder() if duplicates is None else json.JSONDecoder(object_pairs_hook=_noting(duplicates))
     documents: list = []
     at = 0
     while True:
@@ -100,3 +102,14 @@ def cut_short_note(exc: JsonTextError, index: int) -> str:
     broken."""
     return (f"document {exc.document} is not JSON ({exc.where}: a run cut short?); reading document index "
             f"{index}, one of the {len(exc.complete)} before it")
+
+
+def _noting(duplicates: list):
+    """An ``object_pairs_hook`` that builds the dict as ``json`` does and notes keys given twice."""
+    def hook(pairs):
+        built = dict(pairs)
+        if len(built) < len(pairs):
+            seen: set = set()
+            duplicates.extend(k for k, _ in pairs if k in seen or seen.add(k))
+        return built
+    return hook

@@ -546,8 +546,9 @@ def _json_documents(text: str, path: Path, where: str, index: int | None, index_
     start = _SPACE.match(text).end()
     if start == len(text):
         raise ConfigError(f"{where}: the file is empty")
+    duplicates: list = []
     try:
-        return json_documents(text)
+        documents = json_documents(text, duplicates)
     except JsonTextError as exc:
         if exc.document > 1:
             whole = documents_before_break(exc, index)
@@ -559,6 +560,11 @@ def _json_documents(text: str, path: Path, where: str, index: int | None, index_
         if exc.line is not None and (path.suffix.lower() in (".yaml", ".yml") or _YAML_START.match(text, start)):
             return [_yaml_document(text, where)]
         raise ConfigError(f"{where}: neither JSON ({exc.where}) nor a Prometheus scrape") from None
+    if duplicates:   # (json keeps the last value)
+        named = ", ".join(dict.fromkeys(map(str, duplicates)))
+        warnings.warn(f"{where}: {named} given twice in one object: the last value is read (an edited file, or "
+                      "two joined?)", TargetWarning, stacklevel=4)
+    return documents
 
 
 def _yaml_document(text: str, where: str):

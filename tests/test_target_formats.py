@@ -209,6 +209,17 @@ def test_a_bench_files_median_and_p50_are_one_statistic(tmp_path):
                                f"disagree: is the file edited, or two runs' joined?")
 
 
+def test_a_key_given_twice_in_one_object_is_said(tmp_path):
+    """json keeps the last value of a key given twice, silently: an edited or joined file."""
+    text = json.dumps(BENCH)[:-1] + ', "mean_ttft_ms": 99.0, "p99_ttft_ms": 120.0}'
+    with pytest.warns(TargetWarning, match=r"dup.json: mean_ttft_ms, p99_ttft_ms given twice in one object: the "
+                                           r"last value is read"):
+        assert read_summary(_write(tmp_path / "dup.json", text)).values["ttft_ms.mean"] == 99.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetWarning)
+        assert read_summary(_write(tmp_path / "once.json", BENCH)).values == BENCH_VALUES
+
+
 # --- several JSON documents: vllm bench serve --append-result -------------------------------------
 
 
