@@ -51,8 +51,8 @@ class HuntConfig:
                                     help="conditions every candidate must meet, e.g. 'runs.b.busy_share <= 0.8'")
     budget: int = int_field(DEFAULT_BUDGET, min=1, max=10**6, help="workloads the search evaluates")
     time_limit_s: float = float_field(0.0, min=0.0, help="stop the search, and random sampling, each after this "
-                                                         "long (0: no limit; a time limit makes the result depend "
-                                                         "on the machine's speed)")
+                                                         "long, the workers' start-up included (0: no limit; a time "
+                                                         "limit makes the result depend on the machine's speed)")
     random: int | None = int_field(None, min=0, max=10**6, optional=True,
                                    help="random workloads evaluated for comparison (default: as many as the search "
                                         "evaluated; 0: none)")
