@@ -1101,3 +1101,8 @@ def test_fixed_active_defaults_on_the_a6000_are_llmservingsims_fitted_node():
     d = build_fixed_active(FixedActiveConfig(gpu="h100-80gb"), PRESETS).describe()
     assert d["standby_w"] == pytest.approx(d["idle_w"] + 0.136 * (d["active_w"] - d["idle_w"]))
     assert build_fixed_active(FixedActiveConfig(gpu="h100-80gb", standby_w=120.0), PRESETS).describe()["standby_w"] == 120
+    # a lower active power leaves the standby where the GPU's headroom puts it, not a share of active - idle
+    low = build_fixed_active(FixedActiveConfig(gpu="h100-80gb", active_w=350.0), PRESETS).describe()
+    assert low["standby_w"] == pytest.approx(d["standby_w"])
+    given = build_fixed_active(FixedActiveConfig(gpu="rtx-a6000", active_w=300.0, idle_w=33.0), PRESETS).describe()
+    assert given["standby_w"] == 89.0   # (both powers given: the named GPU's measured standby all the same)

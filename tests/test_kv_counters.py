@@ -162,3 +162,16 @@ def test_the_host_tiers_share_of_a_hit():
     # TGI's whole-input hit of 7 tokens in 2 blocks: the GPU's blocks count whole, the host the rest
     assert host_share(2, 7, 4) == 7 and host_share(1, 7, 4) == 3
     assert host_share(3, 47, 16) == 47 and host_share(1, 47, 16) == 15
+
+
+def test_a_plugin_cache_without_swapped_blocks_is_counted_by_its_tokens():
+    """kv_state is the cache's own: a plugin cache that keeps a token count there (and has no
+    swapped_blocks) is counted by the blocks of the tokens swapped, not by that number."""
+    from schedlab.engine.plan import swapped_blocks
+
+    class Plain:   # a minimal plugin cache's surface
+        block_size = 4
+
+    seq = type("Seq", (), {"kv_state": 48})()
+    assert swapped_blocks(Plain(), seq, 45) == 12                       # ceil(45 / 4), not 48
+    assert swapped_blocks(PagedKVCache(10, 4), type("Seq", (), {"kv_state": 5})(), 45) == 5   # the built-in's count

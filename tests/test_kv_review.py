@@ -122,3 +122,20 @@ def test_the_vllm_presets_watermark_is_v1s_kept_only_while_a_request_runs(engine
     v0 = run_engine([a], ContinuousScheduler(ContinuousConfig(watermark=0.1, allocation="grow")), cost(),
                     PagedKVCache(100, 4), engine=engine)
     assert v0.metrics["rejected"] == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_vllm_presets_watermark_lets_a_lone_swapped_request_back(engine):
+    """With V1's watermark a request larger than the pool less the watermark is served; swapped out
+    (preemption = "swap"), it came back only past the whole watermark, which an empty pool of 16
+    blocks less 4 never has for its 13: the run stalled. Alone, it keeps none, as at admission."""
+    from schedlab_plugins.schedulers.presets import VllmConfig
+
+    requests = [Request(0, 0.0, 4, 20), Request(1, 0.0, 36, 20)]
+    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=64, watermark=0.3, preemption="swap",
+                        async_scheduling=False)
+    kv = PagedKVCache(16, 4, swap_blocks=64, bytes_per_block=2 ** 20)
+    result = run_engine(requests, ContinuousScheduler(config), cost(), kv, engine=engine)
+    check_run(result, requests, kv_blocks=16)
+    assert result.counters["swap_preemptions"] == 1 and result.metrics["rejected"] == 0
+    assert result.requests["generated_tokens"].tolist() == [20, 20]

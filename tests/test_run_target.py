@@ -103,7 +103,7 @@ def test_a_statistic_the_file_has_no_number_for_is_said_under_the_table(tmp_path
     text = (tmp_path / "out" / "compare.txt").read_text()
     assert "ttft_ms.mean" not in text and re.search(r"e2e_ms\.mean\s+30\.00\s+29\.25", text)
     # request_goodput is null whenever the run had no --goodput: not a statistic lost
-    assert text.rstrip().endswith("left out, no number in the file: mean_ttft_ms (null), p99_e2el_ms (nan)")
+    assert text.rstrip().endswith("left out of the comparison: mean_ttft_ms (null), p99_e2el_ms (nan)")
 
 
 @pytest.mark.parametrize("target, message", [

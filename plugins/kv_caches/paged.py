@@ -207,6 +207,13 @@ class PagedKVCache:
         self.swap_used -= seq.kv_state
         seq.kv_state = None
 
+    def swapped_blocks(self, seq) -> int:
+        """The blocks swapped-out ``seq`` holds in swap space: what :meth:`swap_out` moved and
+        charged (window blocks, a pending slot included), what :meth:`swap_in` moves back. The
+        engines count swaps by it (optional for a plugin's cache: else the computed tokens' blocks;
+        a subclass keeping something else in ``kv_state`` overrides it)."""
+        return seq.kv_state
+
     def _swap_in_need(self, seq) -> tuple[int, int]:
         """(blocks, window blocks) a swapped-out ``seq`` comes back into, with room for its next token."""
         tokens = seq.num_computed_tokens + 1

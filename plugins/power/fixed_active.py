@@ -38,8 +38,9 @@ class FixedActiveConfig(PowerSettings):
                                          help="power while an iteration runs, W (default: the board limit)")
     standby_w: float | None = float_field(None, min=0.0, optional=True,
                                           help="power for standby_s after an iteration, W (default: idle_w + the "
-                                               "awake share of active_w - idle_w, as the other models' standby: "
-                                               "measured where the GPU's is)")
+                                               "awake share of the GPU's board limit - idle_w, as the other models' "
+                                               "standby: measured where the GPU's is; active_w stands for the board "
+                                               "where no GPU preset is named)")
     idle_w: float | None = float_field(None, min=0.0, optional=True, help="idle power, W (default: the GPU preset's)")
     tail_s: float = float_field(0.0, min=0.0, help="time constant (s) of the power's fall from active to standby "
                                                    "(LLMServingSim's: 0, at once)")
@@ -80,6 +81,13 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
     tp = resolve_tp(config.tensor_parallel if config.tensor_parallel is not None else tensor_parallel, cost_model)
     if config.active_w is not None and config.idle_w is not None:
         active, idle, name = config.active_w, config.idle_w, config.gpu or ""
+        board = active   # (the board limit, where no GPU preset names it: what a busy GPU draws here)
+        if config.standby_w is None and (config.gpu is not None or cost_model is not None):
+            try:   # the standby's share is of the preset's headroom, as the other models'
+                gpu = resolve_gpu(config.gpu, cost_model, presets, "fixed_active")
+                board, name = gpu.board_w or active, gpu.name
+            except ConfigError:
+                pass
     else:
         gpu = resolve_gpu(config.gpu, cost_model, presets, "fixed_active")
         board, idle, _ = board_and_idle(gpu, None, config.idle_w, "fixed_active")
@@ -87,8 +95,8 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
     if config.standby_w is not None:
         standby = config.standby_w
     else:   # LLMServingSim's standby level (89 W on its A6000), the other models' awake share of the headroom
-        share, _ = awake_share(None, name, active, idle)
-        standby = idle + share * max(0.0, active - idle)
+        share, _ = awake_share(None, name, board, idle)
+        standby = idle + share * max(0.0, board - idle)
     if active < idle:  # (found by fuzzing: taken as given, a busy GPU drew less than an idle one)
         raise ConfigError(f"active_w ({active:g} W) is below idle_w ({idle:g} W): a GPU draws more running a kernel "
                           "than idle; set active_w to at least idle_w")

@@ -730,11 +730,13 @@ class ContinuousScheduler:
         v0.8.5: ``free - touched >= watermark_blocks``, else LATER; the same in every vLLM that
         swapped, so for any ``continuous`` scheduler with a watermark)."""
         kv = plan.kv
-        watermark = self._watermark_blocks(kv)
-        need = getattr(kv, "swap_in_blocks", None) if watermark else None
+        swap_in_blocks = getattr(kv, "swap_in_blocks", None)
         for seq in plan.swapped:
             if budget < 1 or len(plan.running) >= self.config.max_num_seqs:
                 break
+            # (V1's watermark only while a request runs, as at admission)
+            watermark = self._watermark_blocks(kv) if plan.running else self._alone_watermark_blocks(kv)
+            need = swap_in_blocks if watermark else None
             if need is not None and kv.num_free_blocks() - need(seq) < watermark:
                 if need(seq) > kv.num_blocks - watermark:   # (vLLM V0 waits for ever too: say why, should it stall)
                     self.stall_hint = (f"request {seq.request.id} is swapped out holding {need(seq)} KV blocks, more "

@@ -20,8 +20,9 @@ schedlab models them (engines.md §1, §2, §5, §6; what each leaves out is sai
   (``prefill_first``), else decodes, then swap-ins if nothing was preempted, and no prompt after
   them; a preempted request's recompute is never split (it waits for the budget). Watermark
   0.01 at admission and swap-in (``BlockSpaceManager.can_allocate`` / ``_can_swap``); a request
-  turned away on arrival only when its prompt's blocks exceed the pool less the watermark
-  (V0's NEVER) or its whole sequence the pool; recompute or swap preemption (swap needs swap
+  turned away on arrival when its prompt's blocks exceed the pool less the watermark (V0's
+  NEVER) or its whole sequence the pool, and after a preemption when its recompute's blocks
+  exceed the pool less the watermark (NEVER again); recompute or swap preemption (swap needs swap
   space on the cache); ``context_overflow = "reject"`` (V0-era API servers: HTTP 400 for
   prompt + max_tokens > max_model_len); with ``policy = "priority"`` and no chunking,
   ``priority_preemption`` on (``_schedule_priority_preemption``). Not modelled: in the chunked

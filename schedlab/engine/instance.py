@@ -891,7 +891,7 @@ class Instance:
         if ms is None:
             c["swap_failures"] += 1
             return None
-        blocks = swapped_blocks(seq, seq.num_computed_tokens + pending, self.kv.block_size)
+        blocks = swapped_blocks(self.kv, seq, seq.num_computed_tokens + pending)
         self._remove_decoder(seq, SWAPPED)
         del self.running[seq]
         self.swapped.append(seq)
@@ -904,7 +904,7 @@ class Instance:
         return ms
 
     def swap_in(self, seq: Sequence) -> float | None:
-        blocks = swapped_blocks(seq, seq.num_computed_tokens, self.kv.block_size)  # (what swap_out moved)
+        blocks = swapped_blocks(self.kv, seq, seq.num_computed_tokens)  # (what swap_out moved)
         ms = self.kv.swap_in(seq)
         if ms is None:
             return None

@@ -160,13 +160,14 @@ def host_share(blocks: int, hit: int, block_size: int) -> int:
     return hit - min(hit, max(gpu, 0))
 
 
-def swapped_blocks(seq, tokens: int, block_size: int) -> int:
-    """The blocks the cache moved in swapping ``seq`` out (or, read before a swap-in, back in):
-    what ``swap_out`` stored in ``seq.kv_state`` and ``swap_transfer_ms`` was charged for (the
-    step's pending slot, a window model's window blocks included); for a cache keeping something
-    else there, the blocks of the ``tokens`` swapped."""
-    state = seq.kv_state
-    return state if type(state) is int else -(-tokens // block_size)
+def swapped_blocks(kv, seq, tokens: int) -> int:
+    """The blocks ``kv`` moved in swapping ``seq`` out (or, asked before a swap-in, back in): its
+    ``swapped_blocks(seq)`` where it has one -- the built-in caches' count of what ``swap_out``
+    moved and ``swap_transfer_ms`` was charged for, the step's pending slot and a window model's
+    window blocks included -- else the blocks of the ``tokens`` swapped (``kv_state`` is the
+    cache's own: the engines do not read it)."""
+    count = getattr(kv, "swapped_blocks", None)
+    return int(count(seq)) if callable(count) else -(-tokens // kv.block_size)
 
 
 def prefix_hits(kv):

@@ -496,7 +496,7 @@ class RefPlan:
         pending = self.drafts[seq][1] if seq in self.drafts else 0
         seq.num_computed_tokens += pending  # its slots of this iteration go along (swap-in needs them again)
         ms = swap_out(seq) if swap_out is not None else None
-        moved = swapped_blocks(seq, seq.num_computed_tokens, self._cache.block_size) if ms is not None else 0
+        moved = swapped_blocks(self._cache, seq, seq.num_computed_tokens) if ms is not None else 0
         seq.num_computed_tokens -= pending
         if ms is None:
             e.counters["swap_failures"] += 1
@@ -520,7 +520,7 @@ class RefPlan:
             raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}")
         if not self.decodes_all and not self.decode_all():
             return False
-        moved = swapped_blocks(seq, seq.num_computed_tokens, self._cache.block_size)  # (what swap_out moved)
+        moved = swapped_blocks(self._cache, seq, seq.num_computed_tokens)  # (what swap_out moved)
         ms = self._cache.swap_in(seq)
         if ms is None:
             return False

@@ -247,6 +247,6 @@ def format_target(name: str, source: dict, vs: dict) -> str:
         lines.append(f"{key:<26}{value:>12.2f}{vs['simulated'][key]:>12.2f}{vs['errors_pct'][key]:>+8.1f}%")
     lines += ["-" * 59, f"{'mean |error|':<50}{vs['mean_abs_error_pct']:>8.2f}%"]
     left_out = source.get("left_out")
-    if left_out:   # a statistic the file gives no number for: not compared, and said (not silently missing)
-        lines.append("left out, no number in the file: " + ", ".join(f"{key} ({why})" for key, why in left_out.items()))
+    if left_out:   # a statistic of the file not compared (null, NaN, not comparable): said, not silently missing
+        lines.append("left out of the comparison: " + ", ".join(f"{key} ({why})" for key, why in left_out.items()))
     return "\n".join(lines) + "\n"
