@@ -360,7 +360,7 @@ def test_a_warm_up_needs_every_row(tmp_path, monkeypatch):
                               "exact_requests: raise exact_requests to 20 or more, or leave warmup out")
 
 
-KEYS = "valid keys: constraint, constraints, high, key, low, maximize, tolerance, warmup"
+KEYS = "valid keys: constraint, constraints, cooldown, high, key, low, maximize, tolerance, warmup"
 
 
 def test_replicas_in_a_search_point_to_the_run_and_the_experiment(tmp_path):

@@ -8,7 +8,8 @@ reasons). Groups marked "optional" below exist only in some runs (``slo`` with a
 table, ``per_class`` with several classes or one a workload names, ``per_instance`` with several instances,
 ``per_client`` and ``fairness`` with several clients, ``speculative`` with a ``[speculative]``
 table, ``vs_measured`` when a measured run is replayed, ``pools`` and ``transfer`` in a
-disaggregated cluster, ``warmup`` in a search's runs with a ``warmup``); a name that fits the shape but is
+disaggregated cluster, ``warmup`` in a search's runs with a ``warmup`` or a ``cooldown``, and
+``cooldown`` with a ``cooldown``); a name that fits the shape but is
 absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`` in step.
 """
 
@@ -94,8 +95,11 @@ METRICS: dict = {
               "pools": {pool: dict.fromkeys(FLEET) for pool in ("prefill", "decode")}},
     # optional: runs of two hours or more, by hour of arrival
     "hourly": {"*": dict.fromkeys(("requests", "slo_attainment", "gpu_hours"))},
-    # optional: a search's probe with a warm-up ([search] warmup): the requests left out, those measured
+    # optional: a search's probe with a warm-up or cool-down ([search] warmup, cooldown): the first requests
+    # sent left out, those measured
     "warmup": dict.fromkeys(("requests", "measured", "measured_finished", "measured_window_ms")),
+    # optional: one with a cool-down ([search] cooldown): the last requests sent left out
+    "cooldown": dict.fromkeys(("requests",)),
 }
 
 

@@ -206,24 +206,27 @@ def warmup_count(warmup, n: int) -> int:
     return max(0, min(math.floor(Fraction(repr(float(warmup))) * n), n))
 
 
-def measured_requests(req: dict[str, np.ndarray], warmup) -> np.ndarray:
-    """Which rows a run's statistics count after a warm-up of ``warmup`` (:func:`warmup_count`):
-    all but the first requests its clients sent -- in order of sending (``sent_ms``; a rejected
-    request's arrival, as it has no send time), ties by request id -- so a closed loop's opening
-    wave, all sent at once, is the first to go."""
+def measured_requests(req: dict[str, np.ndarray], warmup, cooldown=0) -> np.ndarray:
+    """Which rows a run's statistics count after a warm-up of ``warmup`` and a cool-down of
+    ``cooldown`` (each :func:`warmup_count`): all but the first and the last requests its clients
+    sent -- in order of sending (``sent_ms``; a rejected request's arrival, as it has no send
+    time), ties by request id -- so a closed loop's opening wave, all sent at once, is the first
+    to go, and the requests sent while the load drains at the end (guidellm's cool-down) the last."""
     n = int(req["id"].size)
     keep = np.ones(n, dtype=bool)
-    k = warmup_count(warmup, n)
-    if k:
+    first, last = warmup_count(warmup, n), warmup_count(cooldown, n)
+    if first or last:
         arrival = np.asarray(req["arrival_ms"], dtype=float)
         sent = np.asarray(req["sent_ms"], dtype=float) if "sent_ms" in req else arrival
         sent = np.where(sent >= 0, sent, arrival)
-        keep[np.lexsort((req["id"], sent))[:k]] = False
+        order = np.lexsort((req["id"], sent))
+        keep[order[:first]] = False
+        keep[order[n - last:]] = False
     return keep
 
 
 def _measured_window(req: dict[str, np.ndarray], measured: np.ndarray) -> tuple[float, float]:
-    """The measured window of a run with a warm-up: from the first measured request's arrival at
+    """The measured window of a run with a warm-up or a cool-down: from the first measured request's arrival at
     the engine to the last one leaving it (the makespan of those requests alone), ms."""
     left = left_the_engine(req) & measured
     if not left.any():
@@ -317,18 +320,20 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     :param request_cost: the cost model's ``request_cost(prompt, output)``, for seed 001's
         per-request cost decomposition (optional).
 
-    ``meta["warmup"]`` (a search's ``warmup``, absent without one): the first requests sent
-    (:func:`measured_requests`) are left out of the latency summaries (the client's too, but not
+    ``meta["warmup"]`` and ``meta["cooldown"]`` (a search's ``warmup`` and ``cooldown``, absent
+    without them): the first and the last requests sent (:func:`measured_requests`) are left out of the latency summaries (the client's too, but not
     ITL, which is kept per run) and of ``slo.attainment`` and ``slo.met``; the rates
     (``throughput_tps``, ``request_throughput_rps``, ``slo.goodput_rps``) are over the measured
     window, of what the engine did in it (:func:`_window_rates`) -- at the top level, per class and
-    per instance; ``warmup`` says how many were left out and measured, and the window. Counts
+    per instance; ``warmup`` says how many were left out at the start and measured, and the window,
+    ``cooldown`` how many at the end. Counts
     (``requests``, ``finished``, ``generated_tokens``, ...) and everything else stay the whole run's.
     """
     ok = completed(req)
     n_all = int(req["id"].size)
     n_ok = int(ok.sum())
-    measured = measured_requests(req, meta["warmup"]) if meta.get("warmup") else None
+    transient = meta.get("warmup") or 0, meta.get("cooldown") or 0
+    measured = measured_requests(req, *transient) if any(transient) else None
     stats = req if measured is None else {k: v[measured] for k, v in req.items()}  # what the percentiles count
     lat = request_latencies(stats)
     generated = int(req["generated_tokens"][ok].sum())
@@ -341,8 +346,10 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     if measured is not None:  # rates over the measured window
         window = _measured_window(req, measured)
         m["throughput_tps"], m["request_throughput_rps"] = _window_rates(req, window)
-        m["warmup"] = {"requests": n_all - int(measured.sum()), "measured": int(measured.sum()),
+        m["warmup"] = {"requests": warmup_count(transient[0], n_all), "measured": int(measured.sum()),
                        "measured_finished": int(completed(stats).sum()), "measured_window_ms": window[1] - window[0]}
+        if transient[1]:
+            m["cooldown"] = {"requests": warmup_count(transient[1], n_all)}
     for name in LATENCY_NAMES:
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])

@@ -179,9 +179,15 @@ def _warmup(run):
     return meta.get("warmup") or 0 if isinstance(meta, dict) else 0
 
 
+def _cooldown(run):
+    """The run's cool-down (a search's ``cooldown``), or 0."""
+    meta = getattr(run, "meta", None)
+    return meta.get("cooldown") or 0 if isinstance(meta, dict) else 0
+
+
 def _measured(run) -> np.ndarray:
-    """Which of a run's rows its statistics count: all but its warm-up's."""
-    return measured_requests(run.requests, _warmup(run))
+    """Which of a run's rows its statistics count: all but its warm-up's and cool-down's."""
+    return measured_requests(run.requests, _warmup(run), _cooldown(run))
 
 
 def _set_by(n: int, q: float) -> int:
@@ -228,15 +234,23 @@ def _few_samples_note(outcome, constraints, answer, failing, at_failing: str) ->
 
 
 def _warmup_note(answer) -> str:
-    """A search with a warm-up: what its answer's statistics leave out (a mean over replicas)."""
+    """A search with a warm-up or a cool-down: what its answer's statistics leave out (a mean over
+    replicas)."""
     metrics = getattr(answer, "metrics", None)
     warmup = metrics.get("warmup") if isinstance(metrics, dict) else None
-    if not isinstance(warmup, dict) or not _count(warmup.get("requests")):
+    cooldown = metrics.get("cooldown") if isinstance(metrics, dict) else None
+    first = warmup.get("requests") if isinstance(warmup, dict) else None
+    last = cooldown.get("requests") if isinstance(cooldown, dict) else None
+    if not _count(first) and not _count(last):
         return ""
-    measured = warmup.get("measured", 0)
-    return (f"at the answer the percentiles and slo.attainment leave out the first {_n(warmup['requests'])} of "
-            f"{_n(warmup['requests'] + measured)} requests sent (search.warmup = {_warmup(answer)!r}), and the "
-            f"throughputs are over the window the other {_n(measured)} ran in (vllm bench serve counts every request)")
+    measured = warmup.get("measured", 0) if isinstance(warmup, dict) else 0
+    parts = [f"the first {_n(first)}" if _count(first) else "", f"the last {_n(last)}" if _count(last) else ""]
+    settings = [f"search.warmup = {_warmup(answer)!r}" if _count(first) else "",
+                f"search.cooldown = {_cooldown(answer)!r}" if _count(last) else ""]
+    total = (first or 0) + (last or 0) + measured
+    return (f"at the answer the percentiles and slo.attainment leave out {' and '.join(filter(None, parts))} of "
+            f"{_n(total)} requests sent ({', '.join(filter(None, settings))}), and the throughputs are over the "
+            f"window the other {_n(measured)} ran in (vllm bench serve counts every request)")
 
 
 def _fmt_value(value) -> str:

@@ -10,7 +10,7 @@ File layout::
     [target]                # path = a summary of the real run: the run is compared with it
     [models.<name>] [gpus.<name>]   # your own presets
     [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
-    [search]                # key, low, high, constraint (or constraints), maximize, warmup -- applied to every run
+    [search]                # key, low, high, constraint (or constraints), maximize, warmup, cooldown: every run
     [plan]                  # capacity planning: GPUs with prices, a space, constraints
     [[runs]]                # name = "...", then tables that override the defaults,
                             # and optionally its own sweep, search or plan, and replicas

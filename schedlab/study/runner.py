@@ -102,7 +102,8 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 say_run_warnings(outcome)  # (said here whichever process ran it)
                 _announce_finished(hook, outcome, exp.context.source)
                 if job.record(index, outcome):
-                    if job.parts > 1 and job.spec.warmup:  # (a part may measure none: the merged run must)
+                    # (a part may measure none: the merged run must)
+                    if job.parts > 1 and (job.spec.warmup or job.spec.cooldown):
                         for run in job.replica_results():
                             check_warmup(job.spec, run, f"{exp.context.source}: run {run.name!r}")
                     if on_run is not None:

@@ -221,6 +221,8 @@ class RunSpec:
     #: the requests its statistics leave out, the first sent: a count, or a share of its requests
     #: below 1 (a search's ``warmup``, :func:`schedlab.results.metrics.measured_requests`); 0: none
     warmup: Any = 0
+    #: the same of the last requests sent (a search's ``cooldown``); 0: none
+    cooldown: Any = 0
 
 
 @attrs.define
@@ -1460,6 +1462,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     }
     if spec.warmup:  # (a search's: its statistics leave out the first requests sent)
         meta["warmup"] = spec.warmup
+    if spec.cooldown:  # (and the last)
+        meta["cooldown"] = spec.cooldown
     if a.pools is not None:
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
@@ -1483,7 +1487,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if delivered.count == 0 and not spec.part:  # (a partitioned run's part may get none; the merged run may not)
         raise WorkloadError(f"{where}: workload {spec.tables['workload'].get('kind')!r} made no requests; a run needs "
                             "at least one")
-    if spec.warmup:
+    if spec.warmup or spec.cooldown:
         check_warmup(spec, result, where)
     if not getattr(a.workload, "closed_loop", False):  # (a closed loop's follow-ups come from on_finish)
         _check_conserved(delivered.count, result.metrics.get("requests"), spec, where)
@@ -1497,18 +1501,22 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
 
 
 def check_warmup(spec: RunSpec, result: RunResult, where: str) -> None:
-    """A run with a warm-up (a search's ``warmup``) keeps every row, and has requests left to
-    measure once the warm-up's are left out (a part of a partitioned run may have fewer: the
-    runner checks the merged run, :func:`schedlab.study.runner.run_studies`)."""
+    """A run with a warm-up or a cool-down (a search's ``warmup``, ``cooldown``) keeps every row,
+    and has requests left to measure once theirs are left out (a part of a partitioned run may
+    have fewer: the runner checks the merged run, :func:`schedlab.study.runner.run_studies`)."""
+    given = [(name, value) for name, value in (("warmup", spec.warmup), ("cooldown", spec.cooldown)) if value]
+    setting = " and ".join(f"{name} = {value!r}" for name, value in given)
     if result.rows_file is not None or result.stream is not None:
-        raise ConfigError(f"{where}: [search] warmup = {spec.warmup!r} needs every request's row, and this run of "
+        raise ConfigError(f"{where}: [search] {setting} needs every request's row, and this run of "
                           f"{result.metrics['requests']:,} requests streamed them past [experiment] exact_requests: "
-                          f"raise exact_requests to {result.metrics['requests']:,} or more, or leave warmup out")
+                          f"raise exact_requests to {result.metrics['requests']:,} or more, or leave "
+                          f"{' and '.join(name for name, _ in given)} out")
     n = int(result.metrics["requests"])
-    left_out = warmup_count(spec.warmup, n)
+    left_out = warmup_count(spec.warmup, n) + warmup_count(spec.cooldown, n)
     if left_out >= n and not spec.part:
-        raise ConfigError(f"{where}: [search] warmup = {spec.warmup!r} leaves out all {n:,} of the run's requests, "
-                          "so none is measured: a smaller warmup (a share below 1, such as 0.1), or more requests")
+        raise ConfigError(f"{where}: [search] {setting} leaves out all {n:,} of the run's requests, so none is "
+                          f"measured: a smaller {' or '.join(name for name, _ in given)} (a share below 1, such as "
+                          "0.1), or more requests")
 
 
 class _Counted:

@@ -51,6 +51,9 @@ class SearchConfig:
     warmup: Any = attrs.field(default=0, metadata={
         "help": "requests each probe leaves out of its statistics, the first sent: a count (40) or a share of "
                 "the run's requests below 1 (0.1); 0: none (guidellm's warmup)"})
+    cooldown: Any = attrs.field(default=0, metadata={
+        "help": "requests each probe leaves out of its statistics, the last sent: a count (40) or a share of "
+                "the run's requests below 1 (0.1); 0: none (guidellm's cooldown)"})
 
     def __attrs_post_init__(self):
         for name in ("low", "high"):
@@ -64,6 +67,10 @@ class SearchConfig:
         self._check_constraints()
         self._check_probes()
         check_warmup(self.warmup)
+        check_warmup(self.cooldown, "cooldown")
+        if isinstance(self.warmup, float) and isinstance(self.cooldown, float) and self.warmup + self.cooldown >= 1:
+            raise FieldError("cooldown", f"with warmup = {self.warmup!r} leaves out every request of a run "
+                                         f"(together they must be below 1), got {self.cooldown!r}")
 
     def _check_constraints(self) -> None:
         """``constraint`` or ``constraints`` (not both, a list of at least one), each parsed and its
@@ -133,20 +140,21 @@ class SearchConfig:
         return isinstance(self.low, int) and isinstance(self.high, int) and self.tolerance is None
 
 
-def check_warmup(warmup: Any) -> None:
-    """A ``[search] warmup``: a whole number of requests (0 to :data:`~schedlab.configs.MAX_REQUESTS`)
-    or a share of a run's requests, from 0 to below 1 (raises FieldError otherwise)."""
+def check_warmup(warmup: Any, name: str = "warmup") -> None:
+    """A ``[search] warmup`` (or ``cooldown``, the ``name``): a whole number of requests (0 to
+    :data:`~schedlab.configs.MAX_REQUESTS`) or a share of a run's requests, from 0 to below 1
+    (raises FieldError otherwise)."""
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not is_finite_number(warmup) \
             or warmup < 0 or (isinstance(warmup, int) and warmup > MAX_REQUESTS) \
             or (isinstance(warmup, float) and warmup >= 1):
         if isinstance(warmup, float) and math.isfinite(warmup) and warmup >= 1 and warmup.is_integer() \
                 and warmup <= MAX_REQUESTS:
-            hint = f" (a count is a whole number: warmup = {int(warmup)})"
+            hint = f" (a count is a whole number: {name} = {int(warmup)})"
         else:
             hint = ""
-        raise FieldError("warmup", f"must be a whole number of requests from 0 to {MAX_REQUESTS:,} (warmup = 40) or "
-                                   f"a share of each run's requests below 1 (warmup = 0.1), got {value_text(warmup)}"
-                                   f"{hint}")
+        raise FieldError(name, f"must be a whole number of requests from 0 to {MAX_REQUESTS:,} ({name} = 40) or "
+                               f"a share of each run's requests below 1 ({name} = 0.1), got {value_text(warmup)}"
+                               f"{hint}")
 
 
 @attrs.frozen
@@ -200,14 +208,15 @@ def check_slo(metric: str, studies, what: str) -> None:
 
 def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
     """The run of one point of a study: the base tables with the point's dotted keys set (a
-    search's probe with its ``warmup``)."""
+    search's probe with its ``warmup`` and ``cooldown``)."""
     tables = study.base.tables
     for key, value in point.items():
         if key.split(".")[0] not in RUN_TABLES:
             raise ConfigError(f"cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
         tables = set_dotted(tables, key, value)
     label = point_label(point)
-    # a search's probes leave its warm-up out of their statistics (RunSpec.warmup)
-    warmup = study.search.warmup if study.search is not None else 0
+    # a search's probes leave its warm-up and cool-down out of their statistics (RunSpec.warmup)
+    search = study.search
     return RunSpec(f"{study.name}[{label}]" if label else study.name, tables, study.base.seed,
-                   study.base.engine, point, warmup=warmup)
+                   study.base.engine, point, warmup=search.warmup if search is not None else 0,
+                   cooldown=search.cooldown if search is not None else 0)
