@@ -321,13 +321,14 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         per-request cost decomposition (optional).
 
     ``meta["warmup"]`` and ``meta["cooldown"]`` (a search's ``warmup`` and ``cooldown``, absent
-    without them): the first and the last requests sent (:func:`measured_requests`) are left out of the latency summaries (the client's too, but not
-    ITL, which is kept per run) and of ``slo.attainment`` and ``slo.met``; the rates
-    (``throughput_tps``, ``request_throughput_rps``, ``slo.goodput_rps``) are over the measured
-    window, of what the engine did in it (:func:`_window_rates`) -- at the top level, per class and
-    per instance; ``warmup`` says how many were left out at the start and measured, and the window,
-    ``cooldown`` how many at the end. Counts
-    (``requests``, ``finished``, ``generated_tokens``, ...) and everything else stay the whole run's.
+    without them): the first and the last requests sent (:func:`measured_requests`) are left out
+    of the latency summaries (the client's too, but not ITL, which is kept per run) and of
+    ``slo.attainment`` and ``slo.met``; the rates (``throughput_tps``, ``request_throughput_rps``,
+    ``slo.goodput_rps``) are over the measured window, of what the engine did in it
+    (:func:`_window_rates`) -- at the top level, per class and per instance; ``warmup`` says how
+    many were left out at the start and measured, and the window, ``cooldown`` how many at the
+    end. Counts (``requests``, ``finished``, ``generated_tokens``, ...) and everything else stay
+    the whole run's.
     """
     ok = completed(req)
     n_all = int(req["id"].size)
