@@ -116,6 +116,10 @@ class Fit:
     objective: str = "statistics"
     #: statistics of a target left out of the objective, and why (a measured 0)
     left_out: tuple[str, ...] = ()
+    #: the file's values that lay outside their ``--fit`` bounds (the fit started at the bound),
+    #: as ``{key: value}``, and the error at the file's values themselves (else NaN)
+    outside: dict[str, float] = attrs.field(factory=dict)
+    file_error_pct: float = math.nan
 
 
 def parse_parameter(text: str) -> Parameter:
@@ -476,7 +480,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         members.append((study.base, tables, judge))
     tables = members[0][1]  # the start: the first run's values
     check_settings(exp, tables, parameters, hold or {})
-    start = []
+    start, outside = [], {}
     for p in parameters:
         value = get_dotted(tables, p.key, None)
         if value is None:
@@ -486,6 +490,8 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"--fit {p.key}: the run's value is not a number ({value!r})")
         start.append(min(max(float(value), p.low), p.high))
+        if start[-1] != float(value):  # (the fit starts at the bound; the file's own value is scored apart)
+            outside[p.key] = float(value)
     cache: dict[tuple, tuple[float, Any, dict]] = {}
 
     def specs_at(x) -> list[RunSpec]:
@@ -513,6 +519,10 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         return cache[key]
 
     start_error, _, start_errors = evaluate(start, strict=True)  # fail fast: bad key, nothing to compare with
+    file_error = math.nan
+    if outside:  # what the file's values themselves score, outside the bounds (not a candidate of the fit)
+        file_error = score_all(exp, specs_at([outside.get(p.key, v) for p, v in zip(parameters, start)]), judges,
+                               prefix=joint)[0]
     nothing = _nothing_to_compare(start_errors, parameters, start,
                                   any(isinstance(j, SummaryTarget) for j in judges)) if start_error >= FAILED else None
     if nothing:
@@ -555,7 +565,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
                      for judge in judges for name, why in getattr(judge, "left_out", {}).items())
     fit = Fit(values, error, len(cache), {p.key: v for p, v in zip(parameters, start)}, start_error,
               dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled),
-              tuple(sensitivity), run_tables, objective, left_out)
+              tuple(sensitivity), run_tables, objective, left_out, outside, file_error)
     if joint:
         return fit, specs, results
     return fit, specs[0], results[0] if results else None
@@ -780,28 +790,44 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict,
 
 
 def snippet(spec, parameters: list[Parameter], held: dict[str, Any] | None = None) -> str:
-    """The fitted tables as TOML to paste (each table the fit touched, in full)."""
+    """The fitted tables as TOML to paste: each top-level table the fit touched, in full -- its
+    sub-tables too (``[cluster.decode.cost_model]``), so a nested key's fitted value is there."""
     from .study.overrides import split_key
 
     lines = []
     keys = [p.key for p in parameters] + list(held or {})
     for table in dict.fromkeys(split_key(k)[0] for k in keys):
-        lines.append(f"[{table}]")
-        for key, value in spec.tables[table].items():
-            if isinstance(value, dict):
-                continue
-            lines.append(f"{key} = {_toml(value)}")
-        lines.append("")
+        lines += _table_lines(table, spec.tables[table])
     return "\n".join(lines)
 
 
+def _table_lines(path: str, table: dict) -> list[str]:
+    """``[path]`` with its values, then each sub-table as ``[path.key]`` (a blank line after each)."""
+    lines = [f"[{path}]"]
+    lines += [f"{_toml_key(key)} = {_toml(value)}" for key, value in table.items() if not isinstance(value, dict)]
+    lines.append("")
+    for key, value in table.items():
+        if isinstance(value, dict):
+            lines += _table_lines(f"{path}.{_toml_key(key)}", value)
+    return lines
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml(key)
+
+
 def _toml(value) -> str:
+    """A value as TOML writes it (floats to 6 significant digits; lists and inline tables)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:.6g}" if "e" not in f"{value:.6g}" else repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
@@ -820,8 +846,13 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
                                                                        else "")
         if fit.objective == "requests":
             what += ", each request against its replay"
+    before = fit.file_error_pct if fit.outside else fit.start_error_pct
     lines = [f"before the fit (the file's values and the plugins' defaults): mean |error| "
-             f"{_pct(fit.start_error_pct)} over {what}", "", "fit (start -> fitted, bounds):"]
+             f"{_pct(before)} over {what}", "", "fit (start -> fitted, bounds):"]
+    if fit.outside:
+        moved = ", ".join(f"{key} = {value:g}" for key, value in fit.outside.items())
+        lines[1:1] = [f"outside the --fit bounds in the file: {moved}; the fit starts at the nearest bound "
+                      f"(mean |error| {_pct(fit.start_error_pct)} there)"]
     if fit.left_out:
         lines[1:1] = [f"left out of the fit: {', '.join(fit.left_out)}"]
     for p in parameters:
@@ -844,6 +875,10 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
             lines.append(judge.table(f"the other {len(others)} requests (not fitted on): simulated vs measured",
                                      result, others))
     warnings = list(fit.warnings)
+    if fit.outside and fit.mean_abs_error_pct >= before:
+        warnings.append(f"the fit ({_pct(fit.mean_abs_error_pct)}) is no better than the file's values "
+                        f"({_pct(before)}), which lie outside the bounds: keep them, or widen the bounds to take "
+                        "them in")
     if held_out is not None and held_out[1] > held_out[0]:
         warnings.append(f"{held_out_label}: mean |error| {_pct(held_out[0])} before the fit, {_pct(held_out[1])} "
                         f"after -- the fit does not carry over; fewer parameters, or fit on more of the data")
@@ -859,6 +894,9 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
         lines.append("what the data cannot tell apart:")
         lines += [f"  - {e}" for e in fit.entangled]
         lines.append("")
+    if fit.mean_abs_error_pct >= before:
+        lines.append("# nothing to paste: the fit did not improve on the file's values")
+        return "\n".join(lines)
     lines.append("# paste into the experiment:" + (f" (the tables of {spec[0].name}; the fitted keys are the same "
                                                     "in every run)" if joint else ""))
     lines.append(snippet(spec[0] if joint else spec, parameters, fit.held))

@@ -1,0 +1,65 @@
+"""calibrate, from a review of it: the snippet holds a nested key's fitted value, the file's value
+outside the --fit bounds is scored as the file's (not the bound's), and a fit that does not
+improve says there is nothing to paste."""
+
+from __future__ import annotations
+
+import tomllib
+from types import SimpleNamespace
+
+import pytest
+
+from schedlab.calibrate import Parameter, calibrate, report, snippet
+from schedlab.study.experiment import load
+from schedlab.targets import read_summary
+from test_calibrate import TRUTH, WORKLOAD, bench_summary, fit_experiment, truth_run
+
+
+def test_the_snippet_holds_a_nested_keys_fitted_value_and_its_sibling_tables():
+    """A fitted ``cluster.decode.cost_model.overhead_ms``: the snippet was ``[cluster] mode =
+    "disaggregated"`` alone -- neither the fitted value nor the ``link`` table."""
+    tables = {"cluster": {"mode": "disaggregated", "link": {"gbps": 100.0, "latency_us": 5.0},
+                          "decode": {"instances": 1, "cost_model": {"kind": "roofline", "overhead_ms": 8.125}},
+                          "prefill": {"instances": 2}},
+              "workload": {"kind": "synthetic"}}
+    text = snippet(SimpleNamespace(tables=tables), [Parameter("cluster.decode.cost_model.overhead_ms", 0.0, 10.0)])
+    assert "[cluster.decode.cost_model]\nkind = \"roofline\"\noverhead_ms = 8.125\n" in text
+    assert tomllib.loads(text) == {"cluster": tables["cluster"]}  # the whole table, as TOML reads it back
+
+
+def test_the_snippet_writes_lists_and_inline_tables_as_toml():
+    tables = {"workload": {"kind": "mix", "parts": [{"weight": 0.5, "name": "a b"}, {"weight": 0.5, "name": "c"}],
+                           "rates": [1.0, 2.5], "odd key": True}}
+    text = snippet(SimpleNamespace(tables=tables), [Parameter("workload.rates", 0.0, 1.0)])
+    assert tomllib.loads(text) == tables
+
+
+def test_a_file_value_outside_the_bounds_is_scored_as_the_files(tmp_path):
+    """The file's ``decode_ms_per_step`` is the truth (6 ms, error 0) and the bounds are [7, 10]:
+    "before the fit" is the file's 0.00%, not the bound's; the fit starts at 7 and says so; it
+    cannot beat the file, so the report says to keep the file's values and has nothing to paste."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), TRUTH)
+    parameters = [Parameter("cost_model.decode_ms_per_step", 7.0, 10.0)]
+    fit, spec, result = calibrate(exp, parameters, max_evaluations=12, target=target, diagnose=False)
+    assert fit.outside == {"cost_model.decode_ms_per_step": 6.0}
+    assert fit.file_error_pct == pytest.approx(0.0, abs=1e-6) and fit.start_error_pct > 1.0
+    text = report(fit, spec, result, parameters, target=target)
+    assert "before the fit (the file's values and the plugins' defaults): mean |error| 0.00%" in text
+    assert (f"outside the --fit bounds in the file: cost_model.decode_ms_per_step = 6; the fit starts at the nearest "
+            f"bound (mean |error| {fit.start_error_pct:.2f}% there)") in text
+    assert "is no better than the file's values (0.00%), which lie outside the bounds: keep them" in text
+    assert "# nothing to paste: the fit did not improve on the file's values" in text
+    assert "# paste into the experiment" not in text
+
+
+def test_a_fit_that_improves_still_gives_its_snippet(tmp_path):
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), dict(TRUTH, decode_ms_per_step=9.0))
+    parameters = [Parameter("cost_model.decode_ms_per_step", 1.0, 20.0)]
+    fit, spec, result = calibrate(exp, parameters, max_evaluations=24, target=target, diagnose=False)
+    assert not fit.outside and fit.mean_abs_error_pct < fit.start_error_pct
+    text = report(fit, spec, result, parameters, target=target)
+    assert "# paste into the experiment:" in text and "outside the --fit bounds" not in text
+    fitted = tomllib.loads(text.split("# paste into the experiment:\n")[1])
+    assert fitted["cost_model"]["decode_ms_per_step"] == pytest.approx(fit.values[parameters[0].key], rel=1e-5)
