@@ -646,26 +646,50 @@ def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
     """``(usable, weights, bytes_per_block, pool)`` for one rank, without any checks.
 
     Data parallelism keeps the dense weights on every rank (split by tensor parallelism) and
-    spreads the routed experts over all ``data_parallel x tp`` GPUs; a pipeline stage holds
-    ``1 / pipeline_parallel`` of the weights and the KV of its layers. A ``draft`` (speculative
+    spreads the routed experts over all ``data_parallel x tp`` GPUs. A ``draft`` (speculative
     decoding's drafter, split as the target is) adds its weights and its layers' KV to every
-    block, as vLLM loads it beside the target and pages its KV layers with the target's (on a
-    pipeline vLLM builds it on the last stage only: counted here on the largest, which sets the
-    block count -- at most a stage's worth too few blocks)."""
+    block, as vLLM loads it beside the target and pages its KV layers with the target's. On a
+    pipeline each stage is sized on its own (:func:`_stage_pools`) and the one with the fewest
+    blocks is returned: vLLM gives every rank the smallest rank's block count."""
     usable = math.floor(gpu.memory_bytes * utilization)
     weights = model.weight_bytes(tp)
     if parallelism.lockstep and model.is_moe:  # the routed experts spread over every rank's GPUs
         experts = model.expert_params * model.num_experts * model.expert_bytes_per_param
         weights = weights - experts / tp + experts / (tp * parallelism.data_parallel)
-    stages = parallelism.pipeline_parallel
-    weights = math.ceil(weights / stages)
-    layers = max(stage_layers(model.num_layers, stages))
-    # a stage's share of the KV (rounded up: the whole model's when there is one stage)
-    per_token = -(-model.pool_bytes_per_token(tp, hybrid, swa_ratio) * layers // model.num_layers)
+    per_token = model.pool_bytes_per_token(tp, hybrid, swa_ratio)
+    if parallelism.pipeline_parallel > 1:
+        return _stage_pools(model, usable, weights, per_token, tp, reserve_bytes, block_size,
+                            parallelism.pipeline_parallel, hybrid, swa_ratio, draft, draft_shares_tables)
+    weights = math.ceil(weights)
     if draft is not None:
         weights += drafter_weight_bytes(draft, tp, draft_shares_tables)
         per_token += draft.pool_bytes_per_token(tp, hybrid, swa_ratio)
     return usable, weights, per_token * block_size, usable - weights - reserve_bytes
+
+
+def _stage_pools(model: ModelSpec, usable: int, weights: float, per_token: int, tp: int, reserve_bytes: int,
+                 block_size: int, stages: int, hybrid: bool, swa_ratio: float | None,
+                 draft: ModelSpec | None, draft_shares_tables: bool) -> tuple[int, int, int, int]:
+    """:func:`_pool_numbers` of the pipeline stage with the fewest blocks. Each stage holds its
+    layers' share of the weights and of the KV (vLLM's ``get_pp_indices`` split), the first stage
+    the input embedding and the last the LM head -- with tied embeddings each end a table of its
+    own, as vLLM builds them (``is_first_rank`` / ``is_last_rank``) -- and the last the drafter,
+    which vLLM builds there; vLLM then sets every rank's ``num_blocks`` to the smallest rank's."""
+    table = model.lm_head_params * model.table_bytes_per_param / tp  # (0 when vocab or width is not declared)
+    body = weights - (model.embedding_params + model.lm_head_params) * model.table_bytes_per_param / tp
+    layers = stage_layers(model.num_layers, stages)
+    chosen = None
+    for i, n in enumerate(layers):
+        stage_weights = math.ceil(body * n / model.num_layers + table * ((i == 0) + (i == stages - 1)))
+        stage_per_token = -(-per_token * n // model.num_layers)  # (its layers' share, rounded up)
+        if draft is not None and i == stages - 1:
+            stage_weights += drafter_weight_bytes(draft, tp, draft_shares_tables)
+            stage_per_token += draft.pool_bytes_per_token(tp, hybrid, swa_ratio)
+        pool = usable - stage_weights - reserve_bytes
+        per_block = stage_per_token * block_size
+        if chosen is None or pool // per_block < chosen[3] // chosen[2]:
+            chosen = (usable, stage_weights, per_block, pool)
+    return chosen
 
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,

@@ -620,6 +620,7 @@ def test_more_stages_than_layers_is_said_of_cluster(validated):
     assert code == 2
     assert err.endswith(f"{path}: [cluster]: pipeline_parallel = 64 exceeds the model's 32 layers (a stage holds at "
                         "least one)\n")
+    assert "FutureWarning" not in err  # (the regex that trims the table warned of a nested set above it)
 
 
 @pytest.mark.parametrize("stages", [2, 3])

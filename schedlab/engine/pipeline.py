@@ -420,6 +420,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                     plan._override(seq, drafts, slots - moved)
         for seq in flight.decoders:
             inst._add_decoder(seq)
+            if seq.last_token_ms < inst.itl_merge:  # (its ITL group is its own last token, not a later landing's)
+                inst.off_cycle.setdefault(seq, seq.last_token_ms)
             seq.plan_mark = serial  # (planning ahead, a later plan may have marked it too)
         start = flight.launched if flight.launched > self.last_landing else self.last_landing
         if inst.now < start:

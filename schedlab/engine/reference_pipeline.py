@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..errors import StallError
+from ..errors import SimulationError, StallError
 from .ahead import plans_ahead
 from .load import load
 from .plan import ask_scheduler
@@ -59,7 +59,12 @@ class PipelinePlan(RefPlan):
         are taken), whose decodes have not landed."""
         return self._e.in_flight.get(seq, 0) if self._e.stagger is not None else 0
 
-    def preempt(self, seq) -> None:
+    def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
+        """As :meth:`RefPlan.preempt`; ``discard_in_flight`` is SGLang's overlap scheduler's, which
+        is off on pipelines (its schedulers pass False here)."""
+        if discard_in_flight:
+            raise SimulationError("reference engine: preempt(discard_in_flight=True) is SGLang's overlap scheduler, "
+                                  "which is not modelled with pipeline parallelism")
         e = self._e
         if e.stagger is not None and seq.status == "decoding" and seq in e.holds.flying:
             # planning ahead: shown to this plan (Stagger), its token still in flight; the slots

@@ -442,6 +442,10 @@ def component_config(ctx: Context, kind: str, table: dict, where: str):
     return entry, config
 
 
+#: the table a ``where`` ends with (`` [scheduler]``): a layout error names ``[cluster]`` instead
+_TABLE_AT_END = re.compile(r" \[[^\]]*\]$")
+
+
 def build_component(ctx: Context, kind: str, table: dict, where: str, parallelism: Parallelism = SINGLE, **extra):
     """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``; the run's
     ``parallelism`` layout and ``extra`` go to factories that name them (a power model's
@@ -451,7 +455,7 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
         obj = _call_factory(entry.factory, config, ctx.presets, entry=entry, parallelism=parallelism, **extra)
         check_protocol(entry, obj)
     except LayoutError as exc:  # the [cluster] layout, found by the component
-        raise ConfigError(f"{re.sub(r' [[][^]]*[]]$', '', where)} [cluster]: {exc}") from None
+        raise ConfigError(f"{_TABLE_AT_END.sub('', where)} [cluster]: {exc}") from None
     except (ConfigError, UnknownPluginError, WorkloadError) as exc:  # (a data file: its table and the experiment too)
         raise type(exc)(f"{where}: {exc}") from None
     except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
@@ -775,6 +779,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         _check_partitions(assembled, where)
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
+    _check_answer_segments(assembled, where)
     info = getattr(assembled.workload, "info", {})
     replayed = {key: info.get(key) for key in ("max_num_seqs", "num_gpus", "max_num_batched_tokens")}
     _warn_other_run(assembled, replayed, "[workload]", where)
@@ -985,6 +990,23 @@ def _check_queue_limit(a: Assembled, where: str) -> None:
                               "keeps other queues there)")
         if a.parallelism.pipelined:
             raise ConfigError(f"{where} [scheduler]: {key}: not modelled with [cluster] pipeline_parallel")
+
+
+def _check_answer_segments(a: Assembled, where: str) -> None:
+    """A scheduler that serves answers a segment at a time (TGI's ``generation_segment``,
+    ``Scheduler.answer_segment``) requeues each at the segment's end, which is not modelled on a
+    pipeline (a batch in flight holds it): refused by name when built, not mid-run."""
+    if not a.parallelism.pipelined:
+        return
+    for parts in a.instances:
+        segment = getattr(parts[0], "answer_segment", 0) or 0
+        if segment:
+            key = "generation_segment" if hasattr(getattr(parts[0], "config", None), "generation_segment") \
+                else "answer_segment"
+            raise ConfigError(f"{where} [scheduler]: {key} = {segment}: an answer longer than that is requeued, "
+                              f"which is not modelled with [cluster] pipeline_parallel = "
+                              f"{a.parallelism.pipeline_parallel}; set {key} = 0 (whole answers) or run without "
+                              "pipeline_parallel (TGI's launcher has no pipeline parallelism)")
 
 
 def _warn_slo_in_seconds(slo: SloConfig | None, where: str) -> None:
