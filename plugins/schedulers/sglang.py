@@ -315,6 +315,9 @@ class SglangConfig:
     #: ``_handle_load_balance_method``: all but a disaggregated prefill server): a data-parallel run
     #: that names no rank router gets it, where other schedulers get vLLM's balancer (``vllm_dp``)
     rank_router_kind: ClassVar[str] = "round_robin"
+    #: DP attention's ranks exchange their batch sizes every step (``prepare_mlp_sync_batch``), so
+    #: they stop as soon as none has work (``[cluster] dp_sync_interval``'s default here)
+    dp_sync_interval: ClassVar[int] = 1
 
     @staticmethod
     def cost_model_defaults(table: dict) -> dict:

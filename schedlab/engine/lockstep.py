@@ -8,7 +8,11 @@ every rank runs a step (one with nothing scheduled runs a dummy batch,
 ``DPEngineCoreProc.run_busy_loop`` / ``execute_dummy_batch``), and the step lasts as long as
 the slowest rank's own part (attention, dense layers, its swaps) plus the routed experts of
 all ranks' tokens, dispatch and combine included (the cost model's ``rank_ms`` and
-``experts_ms``, see :mod:`schedlab.protocols`). When no rank has work, the ranks pause.
+``experts_ms``, see :mod:`schedlab.protocols`). When no rank has work, the ranks pause -- at
+their next check that none has (``sync``): vLLM's DP engine cores count a wave's steps and
+check only at the first and every ``dp_sync_interval``-th (16; vLLM 0.28 and older every 32nd,
+not the first: ``DPEngineCoreProc._has_global_unfinished_reqs``), running dummy batches in
+between; SGLang's DP attention checks at every step.
 
 Each rank is a fast :class:`~schedlab.engine.instance.Instance` whose cost model is a
 :class:`~schedlab.engine.rank_cost.RankCost`: the cluster plans every rank, times the step
@@ -165,6 +169,28 @@ class DeploymentKV:
         return reset_every_rank
 
 
+#: pause as soon as no rank has work: every step checks (``(dp_sync_interval, check the first step)``)
+EVERY_STEP = (1, False)
+
+
+class NoPlan:
+    """A rank's plan in a step of a wave's tail (no rank has work; they step until their next
+    check): nothing scheduled, a dummy batch."""
+
+    num_scheduled_tokens = 0
+    swapped_in = ()
+    preempted = ()
+    transfer_ms = 0.0
+    wake = None
+
+    @staticmethod
+    def is_empty() -> bool:
+        return True
+
+
+NO_PLAN = NoPlan()
+
+
 class Deployment:
     """What a router over several data-parallel deployments, the driver and an autoscaler read of
     one deployment -- either engine's ranks stepping together (``self.members``) -- as of a
@@ -179,10 +205,26 @@ class Deployment:
     #: what it holds at the ranks' first step at or after this time (inf: none)
     drain_at = INF
 
-    def _init_deployment(self, index: int) -> None:
+    def _init_deployment(self, index: int, sync: tuple[int, bool] = EVERY_STEP) -> None:
         self.index = index
         self.release = Release()
         self.kv = DeploymentKV(self.members)
+        self.sync_interval, self.sync_first = sync
+        self.wave_steps = 0  # steps since the ranks last paused (vLLM's step_counter)
+
+    def in_wave_tail(self) -> bool:
+        """Whether the ranks step on after the last step even with no work: its count is not one
+        at which they check that no rank has work (vLLM: the wave's first step, with
+        ``sync_first``, and every ``sync_interval``-th)."""
+        steps = self.wave_steps
+        return bool(steps % self.sync_interval) and not (steps == 1 and self.sync_first)
+
+    def _count_steps(self, k: int) -> None:
+        """``k`` steps have run: counted in the wave, which ends -- the ranks pause, the count starts
+        over -- if no rank has work at a check (``DPEngineCoreProc.run_busy_loop``)."""
+        self.wave_steps += k
+        if not self.in_wave_tail() and not self.has_work():
+            self.wave_steps = 0
 
     @property
     def outstanding(self) -> int:
@@ -261,7 +303,7 @@ class DataParallelCluster(Deployment):
     :param index: the deployment's number among several.
     """
 
-    def __init__(self, ranks: Sequence[Instance], router=None, index: int = 0):
+    def __init__(self, ranks: Sequence[Instance], router=None, index: int = 0, sync: tuple[int, bool] = EVERY_STEP):
         if len(ranks) > 1 and router is None:
             raise ValueError("several data-parallel ranks need a router")
         for inst in ranks:
@@ -272,7 +314,7 @@ class DataParallelCluster(Deployment):
             inst.aborts_drop_output = inst.aborts_drop_output
         self.ranks = self.members = list(ranks)
         self.router = router
-        self._init_deployment(index)
+        self._init_deployment(index, sync)
         self.asleep = False      # as one of several deployments: no rank planned anything ...
         self.sleep_wake = INF    # ... until this time (inf: until an arrival)
         self.costs = [inst.cost for inst in self.ranks]
@@ -320,6 +362,9 @@ class DataParallelCluster(Deployment):
                 if inst.aborts and inst.next_abort() <= self.now and not inst._aborts_at_plan_time():
                     inst._abort_due()  # (planning ahead, the plan does: Instance._plan_ahead)
             if not self.has_work():
+                if self.in_wave_tail():  # no work, but the ranks step on to their next check
+                    self._step([NO_PLAN] * len(self.ranks), until)
+                    continue
                 if until < INF:
                     self._move_to(until)
                 return "idle"
@@ -353,7 +398,7 @@ class DataParallelCluster(Deployment):
         then), the end of the last step or, asleep, the first wake-up or abort; ``(inf, 1)``: it
         waits for an arrival."""
         if not self.has_work():
-            return INF, 1
+            return (self.now, 1) if self.in_wave_tail() else (INF, 1)
         return (min(self.sleep_wake, max(self.drain_at, self.now)) if self.asleep else self.now), 1
 
     def act_until(self, t: float) -> tuple[float, int]:
@@ -393,6 +438,8 @@ class DataParallelCluster(Deployment):
                 if inst.aborts and inst.next_abort() <= self.now and not inst._aborts_at_plan_time():
                     inst._abort_due()  # (planning ahead, the plan does: Instance._plan_ahead)
             if not self.has_work():
+                if self.in_wave_tail():  # no work, but the ranks step on to their next check
+                    self._step([NO_PLAN] * len(self.ranks), until)
                 return
             plans, dummy_step = self._plan_ranks()
             if dummy_step or not all(p.is_empty() for p in plans):
@@ -476,6 +523,7 @@ class DataParallelCluster(Deployment):
         self.steps += k
         self.dummy_steps += k * working.count(False)
         self.experts_ms += k * experts
+        self._count_steps(k)
 
     def _run(self, plans, working, batches, parts, d0: float, until: float) -> tuple[int, float]:
         """How many identical steps to run from here, and each one's growth (see the module

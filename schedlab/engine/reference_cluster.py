@@ -64,7 +64,9 @@ class PlanOrder:
         self.announced: dict = {}
 
     def update(self, inst: ReferenceEngine) -> None:
-        t = inst.next_plan_time() if inst.has_work() else INF
+        self._announce(inst, inst.next_plan_time() if inst.has_work() else INF)
+
+    def _announce(self, inst, t: float) -> None:
         if self.announced.get(inst.index) != t:
             self.announced[inst.index] = t
             if t < INF:

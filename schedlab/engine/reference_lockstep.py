@@ -14,7 +14,9 @@ With ``[clock]`` every step runs at the one clock the cost model's ``lockstep_at
 rank's batch holds its decodes' drafts and its part its drafter's passes; each rank draws its
 sequences' acceptance as a colocated engine does. With asynchronous scheduling each rank plans
 ahead (:mod:`schedlab.engine.ahead`); when every plan is empty and one was made ahead, the
-ranks run a dummy step if work is left.
+ranks run a dummy step if work is left. When no rank has work after a step whose count in the
+wave is not one at which the ranks check (``sync``: vLLM's ``dp_sync_interval``), every rank
+runs a dummy step; at a check they pause and the count starts over.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from typing import Sequence
 from ..errors import StallError
 from .clock import check_iteration_ms, check_part_ms
 from .load import views_of
-from .lockstep import Deployment
+from .lockstep import EVERY_STEP, NO_PLAN, Deployment
 from .rank_cost import DUMMY, NOTHING
 from .reference import RefPlan, ReferenceEngine
-from .reference_cluster import ReferenceCluster, _routed
+from .reference_cluster import PlanOrder, ReferenceCluster, _routed
 
 INF = math.inf
 
@@ -48,7 +50,8 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
     routed elsewhere does not.
     """
 
-    def __init__(self, ranks: Sequence[ReferenceEngine], router=None, client_side=None, index: int = 0):
+    def __init__(self, ranks: Sequence[ReferenceEngine], router=None, client_side=None, index: int = 0,
+                 sync: tuple[int, bool] = EVERY_STEP):
         if len(ranks) > 1 and router is None:
             raise ValueError("several data-parallel ranks need a router")
         super().__init__(ranks, router, client_side=client_side)
@@ -57,7 +60,7 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
             # planning ahead it comes after the plan made at the step's start (engine.ahead)
             e.aborts_drop_output = e.aborts_drop_output
         self.members = self.instances
-        self._init_deployment(index)
+        self._init_deployment(index, sync)
         self.views = views_of(self.instances, self.clock)  # read afresh at each routing
         self.plans = _Steps(self)
         self.now = 0.0
@@ -81,7 +84,7 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         """When the ranks step next: now, or after a step in which nobody planned anything, at
         the first wake-up or abort (inf: only an event wakes them)."""
         if not any(e.has_work() for e in self.instances):
-            return INF
+            return self.now if self.in_wave_tail() else INF  # (the ranks step on to their next check)
         if self.asleep_until is None:
             return self.now
         aborts = [at for e in self.instances for at, _, seq in e.aborts if seq.status not in ("finished", "aborted")]
@@ -126,9 +129,12 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         for e in self.instances:
             if not e._aborts_at_plan_time():  # (planning ahead, the plan does: ReferenceEngine._plan)
                 e.abort_due()
+        tail = not any(e.has_work() for e in self.instances) and self.in_wave_tail()
         made_ahead = any(e.ahead is not None and e.ahead.made_ahead(e.now) for e in self.instances)
-        plans = [e._plan() for e in self.instances]  # (each made when its last batch started, planning ahead)
-        if all(_is_empty(p) for p in plans) and not (made_ahead and any(e.has_work() for e in self.instances)):
+        # (each made when its last batch started, planning ahead; none in a wave's tail: dummy batches)
+        plans = [NO_PLAN if tail else e._plan() for e in self.instances]
+        if all(_is_empty(p) for p in plans) and not tail and \
+                not (made_ahead and any(e.has_work() for e in self.instances)):
             if not any(p.preempted for p in plans):
                 self.asleep_until = min((p.wake for p in plans if p.wake is not None), default=INF)
             return False
@@ -175,6 +181,7 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         self.steps += 1
         self.dummy_steps += batches.count(None)
         self.experts_ms += experts
+        self._count_steps(1)
         return True
 
     @staticmethod
@@ -210,5 +217,17 @@ class ReferenceDeployments(ReferenceCluster):
     and the deployment's own router picks the rank. An autoscaler (``scaling``,
     :func:`~schedlab.engine.scaling.deployment_scaling`) scales whole deployments."""
 
+    def __init__(self, instances: Sequence[ReferenceDataParallel], router=None, client_side=None, scaling=None):
+        super().__init__(instances, router, client_side=client_side, scaling=scaling)
+        self.plans = _DeploymentOrder(self.instances)
+
     def arrive_at(self, deployment: ReferenceDataParallel, request, seq_no: int, t: float) -> None:
         deployment.deliver(request, seq_no, t)
+
+
+class _DeploymentOrder(PlanOrder):
+    """:class:`PlanOrder` of deployments: one whose ranks have no work may still step, through
+    its wave's tail (:meth:`ReferenceDataParallel.next_step_time` says when)."""
+
+    def update(self, inst: ReferenceDataParallel) -> None:
+        self._announce(inst, inst.next_plan_time())

@@ -107,6 +107,13 @@ class ClusterConfig:
     expert_balancedness: float = float_field(
         1.0, min=0.0, max=1.0, min_exclusive=True,
         help="mean over max of the tokens the experts' GPUs receive (vLLM EPLB's balancedness; 1 = even)")
+    dp_sync_interval: int | None = int_field(
+        None, min=1, max=1024, optional=True,
+        help="data_parallel, a MoE model's ranks: once no rank has work they step on (dummy batches) until the "
+             "wave's next check, every this many steps (vLLM --dp-sync-interval; default the scheduler's engine's: "
+             "vLLM 0.33's 16, SGLang's 1 (every step); vLLM 0.28 and older: 32 with dp_sync_first_step = false)")
+    dp_sync_first_step: bool = bool_field(
+        True, help="data_parallel: the ranks also check at a wave's first step (vLLM 0.33; false before)")
     pipeline_parallel: int = int_field(1, min=1, max=64,
                                        help="pipeline stages of each instance (vLLM --pipeline-parallel-size), one "
                                             "batch in flight per stage")
@@ -124,6 +131,9 @@ class ClusterConfig:
         self.parallelism  # noqa: B018 -- checks the layout's settings together
         if self.rank_router is not None and self.data_parallel == 1:
             raise FieldError("rank_router", "picks a data-parallel rank: set data_parallel > 1")
+        if self.data_parallel == 1 and (self.dp_sync_interval is not None or not self.dp_sync_first_step):
+            raise FieldError("dp_sync_interval" if self.dp_sync_interval is not None else "dp_sync_first_step",
+                             "paces data-parallel ranks stepping together: set data_parallel > 1")
         if self.mode == "colocated":
             for name in ("prefill", "decode", "link"):
                 if getattr(self, name) is not None:
@@ -513,6 +523,8 @@ class Assembled:
     # deployment's own router (rank_routers) the rank; its ranks are instances[d * D:(d + 1) * D]
     deployments: int = 1
     rank_routers: list | None = None
+    # lockstep ranks: (steps between their checks that no rank has work, check a wave's first step)
+    dp_sync: tuple = (1, False)
     autoscaler: Any = None           # a policy (schedlab.protocols.Autoscaler)
     target: Any = None               # [target]: the real run's summary (schedlab.targets.Summary)
 
@@ -1157,24 +1169,43 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     elif count > 1:
         table = cluster.router if "router" in cluster_table or not parallelism.lockstep else by_engine
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
+    dp_sync = (1, False)
+    if lockstep:
+        interval = cluster.dp_sync_interval or _engine_default(ctx, tables, "dp_sync_interval", int, where) \
+            or VLLM_DP_SYNC_INTERVAL
+        dp_sync = (interval, cluster.dp_sync_first_step)
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
-                     power=power, views=views,
+                     power=power, views=views, dp_sync=dp_sync,
                      autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, instances_from, router, slo),
                      deployments=deployments if lockstep else 1, rank_routers=rank_routers)
+
+
+#: vLLM 0.33's ``dp_sync_interval``: its DP ranks check every 16 steps that none has work
+VLLM_DP_SYNC_INTERVAL = 16
 
 
 def _rank_router(ctx: Context, tables: dict, where: str) -> dict:
     """The router table that picks a data-parallel rank where ``[cluster]`` names none: the one
     the scheduler's engine dispatches with (an optional ``rank_router_kind`` on its config class:
     SGLang's controller, round robin), else vLLM's DP load balancer (``vllm_dp``)."""
+    return {"kind": _engine_default(ctx, tables, "rank_router_kind", str, where) or "vllm_dp"}
+
+
+def _engine_default(ctx: Context, tables: dict, name: str, kind: type, where: str):
+    """An optional class attribute ``name`` of the scheduler's config class: a default of its
+    engine's for a ``[cluster]`` setting (SGLang's ``rank_router_kind``, ``dp_sync_interval``),
+    None without one."""
     config = _config_class(ctx, "scheduler", tables["scheduler"])
-    kind = getattr(config, "rank_router_kind", None)
-    if kind is not None and not isinstance(kind, str):  # (an attrs field of that name: a member_descriptor)
+    value = getattr(config, name, None)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        # (an attrs field of that name: a member_descriptor)
         entry = ctx.catalog["scheduler"].get(tables["scheduler"]["kind"])
-        raise ConfigError(f"{where} [scheduler]: {entry_label(entry)}: {config.__qualname__}.rank_router_kind is "
-                          f"{type(kind).__name__}, not a router's name: declare it a class attribute "
-                          "(rank_router_kind: ClassVar[str] = \"round_robin\"), not a field of the config")
-    return {"kind": kind or "vllm_dp"}
+        example, what = ('"round_robin"', "a router's name") if kind is str else ("1", "a whole number")
+        raise ConfigError(f"{where} [scheduler]: {entry_label(entry)}: {config.__qualname__}.{name} is "
+                          f"{type(value).__name__}, not {what}: "
+                          f"declare it a class attribute ({name}: ClassVar[{kind.__name__}] = {example}), not a field "
+                          "of the config")
+    return value
 
 
 def _cost_name(cost) -> str:
@@ -1418,16 +1449,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         elif a.lockstep and a.deployments > 1:
             size = a.parallelism.data_parallel
             wrapper = ReferenceDataParallel if spec.engine == "reference" else DataParallelCluster
-            lockstep = [wrapper(engines[d * size:(d + 1) * size], a.rank_routers[d], index=d)
+            lockstep = [wrapper(engines[d * size:(d + 1) * size], a.rank_routers[d], index=d, sync=a.dp_sync)
                         for d in range(a.deployments)]
             scaling = _scaling(a, lockstep, [meters[i] for i in indices], recorder)
             _serve(spec, a, requests, lockstep, a.router, ReferenceDeployments, scaling)
         elif a.lockstep:
             if spec.engine == "reference":
-                lockstep = ReferenceDataParallel(engines, a.router, client_side=side)
+                lockstep = ReferenceDataParallel(engines, a.router, client_side=side, sync=a.dp_sync)
                 lockstep.run(requests, workload=a.workload)
             else:
-                lockstep = DataParallelCluster(engines, a.router)
+                lockstep = DataParallelCluster(engines, a.router, sync=a.dp_sync)
                 simulate_data_parallel(requests, lockstep, workload=a.workload, client_side=side)
         elif a.pools is not None:
             split = len(a.pools[0].instances)

@@ -116,7 +116,7 @@ class LinearParallelCost:
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
                       engine: str = "fast", workload=None, name: str = "test", client_side=None,
                       power: Callable | None = None, speculative: SpeculativeConfig | None = None, draft_cost=None,
-                      seed: int = 0, clock: Callable | None = None) -> RunResult:
+                      seed: int = 0, clock: Callable | None = None, sync: tuple = (1, False)) -> RunResult:
     """Simulate ``requests`` on ``ranks`` data-parallel ranks stepping together.
 
     ``make`` makes one rank's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -127,7 +127,8 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
     needs ``rank_work`` and ``experts_work`` for models that ask for work); the run then meters
     energy (``meta["energy"]``). ``speculative``, ``draft_cost`` and ``seed``: every rank drafts
     and verifies its own sequences (as in :func:`~schedlab.testing.run_engine`); ``clock(cost)``
-    puts each rank's cost model at a clock around its drafting.
+    puts each rank's cost model at a clock around its drafting. ``sync``: ``(dp_sync_interval,
+    check a wave's first step)``, when the ranks check that none has work (default: every step).
     """
     from ..engine.instance import Instance
     from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
@@ -140,12 +141,12 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
     if engine == "reference":
         engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i], speculation=spec)
                    for i, (s, _, k) in enumerate(parts)]
-        cluster = ReferenceDataParallel(engines, router, client_side=client_side)
+        cluster = ReferenceDataParallel(engines, router, client_side=client_side, sync=sync)
         cluster.run(in_arrival_order(requests), workload=workload)
     else:
         engines = [Instance(i, s, views[i], k, rec, meter=meters[i], speculation=spec)
                    for i, (s, _, k) in enumerate(parts)]
-        cluster = DataParallelCluster(engines, router)
+        cluster = DataParallelCluster(engines, router, sync=sync)
         simulate_data_parallel(in_arrival_order(requests), cluster, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": ranks,
             "events": sum(e.events for e in engines),
@@ -159,7 +160,8 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
 def run_deployments(requests: Sequence, make: Callable[[], tuple], deployments: int, ranks: int, router=None,
                     rank_router: Callable | None = None, *, engine: str = "fast", workload=None, name: str = "test",
-                    client_side=None, power: Callable | None = None, autoscaler=None, limits=None) -> RunResult:
+                    client_side=None, power: Callable | None = None, autoscaler=None, limits=None,
+                    sync: tuple = (1, False)) -> RunResult:
     """Simulate ``requests`` on ``deployments`` data-parallel deployments of ``ranks`` ranks each,
     a deployment's ranks stepping together, behind ``router`` (which picks the deployment);
     ``rank_router()`` makes each deployment's own router (which picks the rank).
@@ -170,7 +172,8 @@ def run_deployments(requests: Sequence, make: Callable[[], tuple], deployments: 
     (:func:`~schedlab.engine.lockstep.deployments_summary`), ``meta["kvs"]`` holds every rank's KV
     cache. ``power(cost)`` meters every rank (``meta["energy"]``). ``autoscaler`` (a policy object)
     with ``limits`` (a :class:`~schedlab.engine.scaling.ScalingLimits`) scales whole deployments
-    (``meta["scaling"]``, each deployment ``ranks`` GPUs; energy from 0).
+    (``meta["scaling"]``, each deployment ``ranks`` GPUs; energy from 0). ``sync``: as for
+    :func:`run_data_parallel`, each deployment's.
     """
     from ..engine.instance import Instance
     from ..engine.load import RoutingClock
@@ -189,8 +192,8 @@ def run_deployments(requests: Sequence, make: Callable[[], tuple], deployments: 
         engines = [Instance(i, s, views[i], k, rec, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
         wrapper = DataParallelCluster
     groups = [range(d * ranks, (d + 1) * ranks) for d in range(deployments)]
-    deps = [wrapper([engines[i] for i in group], rank_router() if rank_router is not None else None, index=d)
-            for d, group in enumerate(groups)]
+    deps = [wrapper([engines[i] for i in group], rank_router() if rank_router is not None else None, index=d,
+                    sync=sync) for d, group in enumerate(groups)]
     scaling = None
     if autoscaler is not None:
         scaling = deployment_scaling(autoscaler, limits, deps, RoutingClock(), gpus_per_instance=[ranks] * deployments,
