@@ -315,7 +315,8 @@ def _frontend_note(outcome, constraints) -> str:
 def _noise_note(outcome, constraints, answer, failing, at_failing: str) -> str:
     """With replicas: each constraint metric's mean and 95% interval at the answer and the failing
     value, ``within noise`` when an interval holds the threshold. In one draw (a found boundary):
-    a note when the answer's metric is within :data:`NEAR_SHARE` of the threshold."""
+    a note when the answer's metric is within :data:`NEAR_SHARE` of the threshold -- not of a
+    threshold of 0, which only 0 is within (``num_preemptions <= 0`` met is 0): no nearness there."""
     runs = [(run, where) for run, where in ((answer, "at the answer"), (failing, at_failing)) if run is not None]
     if not runs:
         return ""
@@ -343,7 +344,7 @@ def _noise_note(outcome, constraints, answer, failing, at_failing: str) -> str:
     near = []
     for c in dict((c.metric, c) for c in constraints).values():
         value = c.value(answer.metrics)
-        if math.isfinite(value) and abs(value - c.threshold) <= NEAR_SHARE * abs(c.threshold):
+        if c.threshold != 0 and math.isfinite(value) and abs(value - c.threshold) <= NEAR_SHARE * abs(c.threshold):
             near.append(f"{c.metric} = {_g(value)}, within {NEAR_SHARE:.0%} of its target ({str(c).split(' ', 1)[1]})")
     if not near:
         return ""

@@ -24,10 +24,24 @@ parallel x pipeline stages x data-parallel ranks: ``[cluster] pipeline_parallel`
 ``data_parallel``) x the GPU's price per hour. Adding instances
 never hurts an SLO, so for each candidate a 1-D search (:mod:`schedlab.study.search`) finds the
 fewest instances that meet the constraints, in log(max_instances) runs instead of max_instances.
-Candidates that cannot hold the model (``ConfigError`` when assembling), or that the engine would
-refuse to start (the scheduler's ``start_up_problem``: vLLM's ``max_model_len`` beyond the KV pool),
-are skipped with the reason, without a run. A GPU of ``gpus`` that is no preset (nor a ``[gpus.<name>]``
-table) is refused when the file is read.
+The search starts at max_instances. A constraint that more instances make worse (``energy.j_per_token``
+or a utilisation at a fixed load) can fail there and hold with fewer, so in a plan with a constraint
+not known to improve with instances (:func:`monotone_in_instances`: a latency bounded from above, SLO
+attainment or goodput from below), a candidate that fails at max_instances is run at min_instances
+too: when the constraints hold there, that is its answer (its fewest instances, so its cheapest) and
+the message says they are not monotone in instances; when nothing holds, the message advises raising
+max_instances only when the best value was reached there. The counts between are not searched:
+constraints that hold only between the two ends (an SLO and an energy bound together) can still be
+missed. An answer at min_instances > 1 says that fewer were not tried.
+
+A candidate is *infeasible* -- skipped with the reason, without a run -- when its model does not fit
+its GPUs (the KV cache's sizing error), when it fails to assemble with its GPU or degree while the same
+point of the space assembles with another, or when the engine would refuse to start it (the
+scheduler's ``start_up_problem``: vLLM's ``max_model_len`` beyond the KV pool). A point of the space
+that assembles with none of the plan's GPUs and degrees, for another reason than memory (a negative
+``workload.rate``), is an error of the file, named with the point: counted as infeasible, a typo would
+silently drop its candidates. A GPU of ``gpus`` that is no preset (nor a ``[gpus.<name>]`` table) is
+refused when the file is read.
 
 Pruning by cost, in waves so that the runs made never depend on timing: candidates are
 searched in groups of equal price per instance, cheapest group first, all members of a group
@@ -53,7 +67,7 @@ from ..configs import (MAX_INSTANCES, MAX_TENSOR_PARALLEL, FieldError, bound_tex
                        str_field, table_field)
 from ..errors import ConfigError, InputWarning
 from ..results.metric_names import check_metric_name
-from ..results.metrics import metric_at
+from ..results.metrics import LATENCY_NAMES, metric_at
 from ..results.records import RunResult, Study
 from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
@@ -68,14 +82,15 @@ KWH_METRIC = "kwh_per_hour"    # and, in a run with [power], its facility energy
 ENERGY_COST_METRIC = "energy_cost_per_hour"
 
 
-def energy_per_hour(metrics: dict, price_per_kwh: float) -> tuple[float, float] | None:
-    """``(kWh, $)`` per hour of serving at the simulated load -- the facility's average power
-    over the run's window (PUE included) -- or None for a run without ``[power]``."""
+def energy_per_hour(metrics: dict, price_per_kwh: float | None) -> dict:
+    """``{kwh_per_hour, energy_cost_per_hour}`` of serving at the simulated load -- the facility's
+    average power over the run's window (PUE included) and its price -- or {} for a run without
+    ``[power]``. Without a price (None) only the kWh: unpriced energy is not free energy."""
     energy = metrics.get("energy")
     if not isinstance(energy, dict) or not energy.get("window_ms"):
-        return None
+        return {}
     kw = energy["facility_j"] / energy["window_ms"]  # J per ms = kW
-    return kw, kw * price_per_kwh
+    return {KWH_METRIC: kw} if price_per_kwh is None else {KWH_METRIC: kw, ENERGY_COST_METRIC: kw * price_per_kwh}
 
 
 def _check_prices(_inst, attribute, value):
@@ -105,9 +120,10 @@ class PlanConfig:
     tensor_parallel_keys: tuple = list_field(("cost_model.tensor_parallel", "kv_cache.tensor_parallel"), item=str,
                                              help="where the tensor-parallel degree goes")
     attainment: str = str_field("slo.attainment", help="the frontier's quality metric (higher is better)")
-    energy_price_per_kwh: float = float_field(0.0, min=0.0, help="price of a kWh at the facility's meter: with a "
-                                                                 "[power] table each deployment reports its kWh per "
-                                                                 "hour (PUE included) and their cost beside the GPUs'")
+    energy_price_per_kwh: float | None = float_field(None, min=0.0, optional=True,
+                                                     help="price of a kWh at the facility's meter: with a [power] "
+                                                          "table each deployment reports its kWh per hour (PUE "
+                                                          "included) and, when priced, their cost beside the GPUs'")
 
     def __attrs_post_init__(self):
         if not self.constraints:
@@ -232,10 +248,37 @@ def deployment_spec(study, candidate: Candidate, instances: int) -> RunSpec:
     return RunSpec(f"{study.name}[{point_label(point)}]", tables, study.base.seed, study.base.engine, point)
 
 
+#: metrics that more instances never make worse at a fixed load -- the search's premise -- by the first
+#: part of their names (after ``per_class.<name>.``): lower latencies and queue times, higher SLO attainment
+#: and goodput (``slo``)
+LOWER_WITH_INSTANCES = frozenset(LATENCY_NAMES) | {"itl_ms", "client"}
+HIGHER_WITH_INSTANCES = frozenset({"slo"})
+
+
+def monotone_in_instances(constraint) -> bool:
+    """Whether more instances never break ``constraint`` once it holds: ``ttft_ms.p99 <= 500`` or
+    ``slo.attainment >= 0.99``, not ``energy.j_per_token <= 1.5`` (more instances idle more at the same
+    load), a utilisation, or a latency bounded from below. A plan with one that is not runs a
+    candidate failing at max_instances at min_instances too (:class:`PlanDriver`)."""
+    parts = constraint.metric.split(".")
+    first = parts[2] if parts[0] == "per_class" and len(parts) > 2 else parts[0]
+    if constraint.op in ("<", "<="):
+        return first in LOWER_WITH_INSTANCES
+    return first in HIGHER_WITH_INSTANCES
+
+
+#: how the KV cache's sizing says a model does not fit a GPU (:func:`schedlab.capacity.kv_sizing`)
+DOES_NOT_FIT = " does not fit on "
+
+
 def feasibility(study, ctx, where: str) -> list[tuple[Candidate, str]]:
     """Each candidate and why it cannot run ("" when it can): the plugins are built once. A
-    deployment the engine would refuse to start cannot run either (:func:`start_up_problem`)."""
-    out = []
+    deployment the engine would refuse to start cannot run either (:func:`start_up_problem`).
+
+    :raises ConfigError: a point of the space that no GPU and degree can assemble, other than for
+        memory (:func:`_check_space_points`): a mistake of the file, not a deployment that cannot run.
+    """
+    out, errors = [], {}
     for candidate in candidates(study, where):
         try:
             built = assemble(deployment_spec(study, candidate, study.plan.min_instances), ctx, where)
@@ -243,7 +286,29 @@ def feasibility(study, ctx, where: str) -> list[tuple[Candidate, str]]:
             out.append((candidate, f"{where} {problem}" if problem else ""))
         except ConfigError as exc:
             out.append((candidate, str(exc)))
+            errors[candidate.index] = exc
+    _check_space_points(study.plan, [c for c, _ in out], errors)
     return out
+
+
+def _check_space_points(cfg: PlanConfig, every: list[Candidate], errors: dict) -> None:
+    """Raise the error of a point of the space that assembles with none of the plan's GPUs and
+    degrees, when one of its errors is not the model not fitting (a negative ``workload.rate``): it
+    depends on no deployment, and counted as infeasible it would silently drop the point's candidates.
+    (Candidates run through the space fastest, so ``index % points`` is a candidate's point.)"""
+    if not cfg.space:
+        return  # (one point: when nothing assembles, :func:`validate` raises the first error)
+    points = len(every) // (len(cfg.gpus) * len(cfg.tensor_parallel))
+    for point in range(points):
+        failed = [errors.get(c.index) for c in every if c.index % points == point]
+        if not all(failed):
+            continue
+        exc = next((e for e in failed if DOES_NOT_FIT not in str(e)), None)
+        if exc is None:
+            continue  # the model fits no GPU of the plan at this point: infeasible
+        values = {k: v for k, v in every[point].point.items() if k not in ("gpu", "tensor_parallel")}
+        setting = ", ".join(f"{key} = {value!r}" for key, value in values.items())
+        raise ConfigError(f"{exc} (at the plan's space point {setting}, with every GPU and degree)") from None
 
 
 def start_up_problem(built: Assembled) -> str | None:
@@ -297,7 +362,7 @@ def _warn_energy_price_without_power(study, where: str) -> None:
     """Say when ``energy_price_per_kwh`` is set but no run meters energy (no ``[power]`` table, in
     the run or the space): the price would be silently ignored."""
     cfg = study.plan
-    if not cfg.energy_price_per_kwh or "power" in study.base.tables \
+    if cfg.energy_price_per_kwh is None or "power" in study.base.tables \
             or any(k.split(".")[0] == "power" for k in cfg.space):
         return
     warnings.warn(f"{where} [plan]: energy_price_per_kwh is set but the runs have no [power] table: no energy is "
@@ -350,10 +415,13 @@ class PlanOutcome:
 
     :ivar candidates: per candidate: point, unit_cost, status (``found``, ``too-expensive``
         -- no instance count within the cost cap meets the constraints --, ``fails`` -- not
-        even max_instances do --, or ``infeasible``), instances, cost, reason, run.
+        even max_instances do, nor min_instances when run too (:meth:`PlanDriver._due_checks`) --,
+        or ``infeasible``), instances, cost, reason (for ``found``: what limits the answer, or
+        ""), run.
     :ivar cheapest: the cheapest candidate's entry (None when nothing meets the constraints).
     :ivar deployments: every simulated deployment: run, gpu, instances, cost, gpu_hours_per_hour,
-        attainment, meets; with ``[power]`` also kwh_per_hour and energy_cost_per_hour.
+        attainment, meets; with ``[power]`` also kwh_per_hour and, with ``energy_price_per_kwh``,
+        energy_cost_per_hour.
     :ivar frontier: run names of the Pareto frontier, by cost.
     :ivar target: the attainment a constraint asks for (None when none is on that metric).
     """
@@ -431,7 +499,8 @@ def _money(value: float) -> str:
 
 
 class PlanDriver:
-    """Drives a plan study for the runner: waves of per-candidate instance searches."""
+    """Drives a plan study for the runner: waves of per-candidate instance searches, and a run at
+    min_instances of each candidate whose search fails at max_instances (:meth:`_start_checks`)."""
 
     def __init__(self, exp, spec, width: int):
         where = f"{exp.context.source}: [[runs]] {spec.name!r}"
@@ -445,6 +514,8 @@ class PlanDriver:
         self.waves = [[c for c in self.feasible if c.unit_cost == unit]
                       for unit in sorted({c.unit_cost for c in self.feasible})]
         self.searches: dict[int, SearchDriver] = {}
+        self.checks: dict[int, SearchDriver] = {}  # the run at min_instances of a candidate failing at max
+        self.monotone = all(monotone_in_instances(c) for c in self.constraints)  # (else: checks)
         self.cap: dict[int, int] = {}
         self.budget: dict[int, float] = {}  # the cheapest answer when the candidate's wave started (its cap)
         self.wave = -1
@@ -453,10 +524,14 @@ class PlanDriver:
     def _holds(self, metrics: dict) -> bool:
         return all(c.holds(metrics) for c in self.constraints)
 
-    def _search(self, candidate: Candidate, high: int, width: int) -> SearchDriver:
-        return SearchDriver(f"{self.name}/{candidate.index}", lambda n: deployment_spec(self.spec, candidate, n),
-                            self._holds, self.spec.replicas, width, low=self.cfg.min_instances, high=high,
+    def _search(self, candidate: Candidate, low: int, high: int, width: int, suffix: str = "") -> SearchDriver:
+        return SearchDriver(f"{self.name}/{candidate.index}{suffix}",
+                            lambda n: deployment_spec(self.spec, candidate, n),
+                            self._holds, self.spec.replicas, width, low=low, high=high,
                             maximize=False, integer=True, key="instances", constraint_text=self.cfg.constraint_text)
+
+    def _drivers(self) -> list[SearchDriver]:
+        return [*self.searches.values(), *self.checks.values()]
 
     def _start_wave(self, wave: int) -> list:
         self.wave = wave
@@ -472,35 +547,63 @@ class PlanDriver:
             self.budget[candidate.index] = budget
             if high < self.cfg.min_instances:
                 continue  # even the fewest instances cost more than the cheapest answer so far
-            search = self._search(candidate, high, width)
+            search = self._search(candidate, self.cfg.min_instances, high, width)
             self.searches[candidate.index] = search
             jobs += search.start()
         return jobs
 
-    def _best_cost(self) -> float:
-        costs = [self._found(index)[1] for index in self.searches if self._found(index) is not None]
-        return min(costs, default=math.inf)
+    def _due_checks(self) -> list[int]:
+        """Candidates whose search failed at max_instances itself (not at a cost cap), above
+        min_instances, and not yet run at min_instances, in a plan with a constraint that is not
+        :func:`monotone_in_instances`: one more instances make worse fails there and may hold with
+        fewer (the search, assuming the opposite, stopped)."""
+        due = []
+        for index, search in self.searches.items() if not self.monotone else ():
+            outcome = search.search.outcome
+            if index not in self.checks and outcome is not None and outcome.status == "fails-everywhere" \
+                    and self.cap[index] == self.cfg.max_instances > self.cfg.min_instances:
+                due.append(index)
+        return due
 
-    def _found(self, index: int):
-        outcome = self.searches[index].search.outcome
-        if outcome is None or outcome.value is None:
-            return None
-        candidate = self.all[index]
-        return outcome.value, outcome.value * candidate.unit_cost
+    def _start_checks(self) -> list:
+        """Run each due candidate at min_instances (a search over that one count)."""
+        jobs = []
+        for index in self._due_checks():
+            fewest = self.cfg.min_instances
+            self.checks[index] = self._search(self.all[index], fewest, fewest, self.spec.replicas, "/min")
+            jobs += self.checks[index].start()
+        return jobs
+
+    def _answer(self, index: int):
+        """``(instances, run)`` of a candidate's answer -- its search's, else its run at
+        min_instances -- or None when neither holds."""
+        for driver in (self.searches.get(index), self.checks.get(index)):
+            outcome = driver.search.outcome if driver is not None else None
+            if outcome is not None and outcome.value is not None:
+                return outcome.value, outcome.payload
+        return None
+
+    def _best_cost(self) -> float:
+        costs = [answer[0] * self.all[index].unit_cost for index in self.searches
+                 if (answer := self._answer(index)) is not None]
+        return min(costs, default=math.inf)
 
     @property
     def done(self) -> bool:
-        return self.wave == len(self.waves) - 1 and all(s.done for s in self.searches.values())
+        return self.wave == len(self.waves) - 1 and all(d.done for d in self._drivers()) and not self._due_checks()
 
     def start(self) -> list:
         return self.refresh()
 
     def refresh(self) -> list:
         jobs = []
-        while not self.done and all(s.done for s in self.searches.values()):
+        while True:
+            jobs += self._start_checks()  # (a wave ends when its candidates' checks end too: they set the cap)
+            if self.done or not all(d.done for d in self._drivers()):
+                break
             jobs += self._start_wave(self.wave + 1)
-        for search in self.searches.values():
-            jobs += search.refresh()
+        for driver in self._drivers():
+            jobs += driver.refresh()
         return jobs
 
     def job_done(self, job) -> list:  # jobs are owned by the searches
@@ -508,20 +611,20 @@ class PlanDriver:
 
     @property
     def total(self) -> int:
-        started = sum(s.total for s in self.searches.values())
+        started = sum(d.total for d in self._drivers())  # (a search failing at once and its check: 2 runs at most)
         later = [c for wave in self.waves[self.wave + 1:] for c in wave]
         estimate = max_search_probes(low=self.cfg.min_instances, high=self.cfg.max_instances) if later else 0
         return started + len(later) * estimate * self.spec.replicas
 
     @property
     def completed(self) -> int:
-        return sum(s.completed for s in self.searches.values())
+        return sum(d.completed for d in self._drivers())
 
-    def _best_reached(self, reached: list) -> str:
-        """``; best tpot_ms.p99 reached: 18.2 (2 instances x 8 a100-80gb)`` for each constraint no
-        simulated deployment met on its own (``reached``: metrics, candidate, instances of each;
-        ties to the first simulated)."""
-        parts = []
+    def _bests(self, reached: list) -> list[tuple]:
+        """``(constraint, best value, candidate, instances)`` for each constraint no simulated
+        deployment met on its own (``reached``: metrics, candidate, instances of each; ties to the
+        first simulated)."""
+        bests = []
         for constraint in self.constraints:
             if any(constraint.holds(metrics) for metrics, _, _ in reached):
                 continue
@@ -529,59 +632,137 @@ class PlanDriver:
             values = [(sign * constraint.value(metrics), order, candidate, instances)
                       for order, (metrics, candidate, instances) in enumerate(reached)]
             values = [v for v in values if math.isfinite(v[0])]
-            if not values:
-                continue
-            value, _, candidate, instances = min(values, key=lambda v: v[:2])
-            value *= sign
+            if values:
+                value, _, candidate, instances = min(values, key=lambda v: v[:2])
+                bests.append((constraint, value * sign, candidate, instances))
+        return bests
+
+    @staticmethod
+    def _best_text(bests: list[tuple]) -> str:
+        """``; best tpot_ms.p99 reached: 18.2 (2 instances x 8 a100-80gb)`` for each of ``bests``."""
+        parts = []
+        for constraint, value, candidate, instances in bests:
             rest = point_label({k: v for k, v in candidate.point.items() if k not in ("gpu", "tensor_parallel")})
             where = f"{_instances(instances)} x {candidate.gpus_per_instance} {candidate.gpu}"
             shown = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
             parts.append(f"best {constraint.metric} reached: {shown} ({where}{', ' + rest if rest else ''})")
         return "".join(f"; {part}" for part in parts)
 
+    def _none_met(self, reached: list) -> str:
+        """The message when no deployment meets the constraints: the best values reached, and
+        "raise max_instances" only when each was reached at max_instances (with fewer, more
+        instances made it worse: raising the bound cannot help)."""
+        bests = self._bests(reached)
+        fewer = [c.metric for c, _, _, instances in bests if instances < self.cfg.max_instances]
+        advice = ("raise max_instances or widen the space" if not fewer else
+                  f"widen the space; raising max_instances would not help: {' and '.join(fewer)} was best with "
+                  f"fewer instances")
+        return (f"no deployment meets {self.cfg.constraint_text} within {self.cfg.max_instances} instances "
+                f"of any candidate{self._best_text(bests)}; {advice}")
+
+    def _entry(self, candidate: Candidate) -> dict:
+        """A candidate's entry of :attr:`PlanOutcome.candidates`: its status, answer and reason."""
+        index, fewest, most = candidate.index, self.cfg.min_instances, self.cfg.max_instances
+        entry = {"point": candidate.point, "unit_cost": candidate.unit_cost, "instances": None, "cost": None,
+                 "run": None, "reason": self.infeasible.get(index, ""),
+                 "gpus_per_instance": candidate.gpus_per_instance}
+        answer = self._answer(index)
+        if index in self.infeasible:
+            entry["status"] = "infeasible"
+        elif index not in self.searches:
+            entry["status"] = "too-expensive"
+            entry["reason"] = (f"{_instances(fewest)} cost {_money(fewest * candidate.unit_cost)}, more than "
+                               f"{_money(self.budget[index])}, the cheapest found then")
+        elif answer is not None:
+            instances, run = answer
+            entry.update(status="found", instances=instances, cost=instances * candidate.unit_cost, run=run.name,
+                         reason=self._found_reason(index, instances))
+        elif self.cap[index] < most:
+            entry.update(status="too-expensive",
+                         reason=f"fails up to {_instances(self.cap[index])}, the most that cost no more than "
+                                f"{_money(self.budget[index])}, the cheapest found then")
+        else:
+            also = f" and at {_instances(fewest)}" if index in self.checks else ""
+            entry.update(status="fails", reason=f"fails even at {most} instances{also}")
+        return entry
+
+    def _found_reason(self, index: int, instances: int) -> str:
+        """What limits a found answer: not monotone (it failed at max_instances and holds at
+        min_instances), or min_instances > 1 (fewer were not tried); "" otherwise."""
+        fewest = self.cfg.min_instances
+        parts = []
+        if index in self.checks:
+            parts.append(f"fails at {self.cfg.max_instances} instances but holds at {fewest}: not monotone in "
+                         f"instances")
+        if instances == fewest > self._lowest_min():
+            parts.append(self._min_hint())
+        return "; ".join(parts)
+
+    def _lowest_min(self) -> int:
+        """The lowest min_instances the plan would take: 1, or over an autoscaler 2 and its own
+        min_instances and initial (:func:`_check_autoscaled_plan`)."""
+        cluster = self.spec.base.tables.get("cluster")
+        autoscaler = cluster.get("autoscaler") if isinstance(cluster, dict) else None
+        if not isinstance(autoscaler, dict):
+            return 1
+        return max([2, *(v for v in (autoscaler.get("min_instances"), autoscaler.get("initial"))
+                         if isinstance(v, int) and not isinstance(v, bool))])
+
+    def _min_hint(self) -> str:
+        """Said of an answer at a min_instances the plan could lower: fewer instances, cheaper,
+        were not tried."""
+        return f"holds down to min_instances = {self.cfg.min_instances}; lower it to search further"
+
+    def _deployment(self, candidate: Candidate, probe) -> dict:
+        """A simulated deployment's entry (:attr:`PlanOutcome.deployments`); its run gets the
+        plan's metrics (cost, and with ``[power]`` the kWh and, when priced, their cost per hour)."""
+        run = probe.payload
+        cost = probe.value * candidate.unit_cost
+        run.metrics[COST_METRIC] = cost
+        hourly = energy_per_hour(run.metrics, self.cfg.energy_price_per_kwh)
+        run.metrics.update(hourly)
+        return {"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
+                "gpu_hours_per_hour": probe.value * candidate.gpus_per_instance,
+                "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)), "meets": probe.holds, **hourly}
+
+    def _found_message(self, cheapest: dict, deployments: list, attainment: dict, grid: int) -> str:
+        """``cheapest deployment with ...: ... at $2.58/h, slo.attainment 0.995; 40 of 288 deployments
+        simulated``, with what limits it (min_instances) and whether a constraint was not monotone."""
+        p = cheapest["point"]
+        rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
+        found = next(d for d in deployments if d["run"] == cheapest["run"])
+        energy = ""
+        if ENERGY_COST_METRIC in found:
+            energy = f" GPUs + {_money(found[ENERGY_COST_METRIC])} energy ({found[KWH_METRIC]:.3g} kWh/h)"
+        elif KWH_METRIC in found:  # no price: the kWh only (not "$0.00/h energy")
+            energy = f" GPUs + {found[KWH_METRIC]:.3g} kWh/h of energy"
+        message = (f"cheapest deployment with {self.cfg.constraint_text}: {deployment_text(cheapest)}"
+                   f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}{energy}, "
+                   f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
+                   f"{len(deployments)} of {grid} deployments simulated")
+        fewest = self.cfg.min_instances
+        if cheapest["instances"] == fewest > self._lowest_min():
+            message += f"; {self._min_hint()}"
+        held = [index for index in self.checks if self._answer(index) is not None]
+        if held:
+            count = f"{len(held)} candidate{'s' if len(held) > 1 else ''}"
+            searched = [i for i in self.searches if i not in self.checks and self._answer(i) is not None]
+            others = (" (the search assumes more instances never hurt, so other candidates' answers may not be "
+                      "their fewest)") if searched else ""
+            message += (f"; not monotone in instances: {self.cfg.constraint_text} fails at {self.cfg.max_instances} "
+                        f"instances but holds at {fewest} for {count}{others}")
+        return message
+
     def study(self) -> Study:
         runs: list[RunResult] = []
         deployments, entries, reached = [], [], []
         for candidate in self.all:
-            entry = {"point": candidate.point, "unit_cost": candidate.unit_cost, "instances": None, "cost": None,
-                     "run": None, "reason": self.infeasible.get(candidate.index, ""),
-                     "gpus_per_instance": candidate.gpus_per_instance}
-            search = self.searches.get(candidate.index)
-            if candidate.index in self.infeasible:
-                entry["status"] = "infeasible"
-            elif search is None:
-                entry["status"] = "too-expensive"
-                entry["reason"] = (f"{_instances(self.cfg.min_instances)} cost "
-                                   f"{_money(self.cfg.min_instances * candidate.unit_cost)}, more than "
-                                   f"{_money(self.budget[candidate.index])}, the cheapest found then")
-            else:
-                outcome = search.search.outcome
-                for probe in outcome.probes:
-                    run = probe.payload
-                    runs.append(run)
-                    cost = probe.value * candidate.unit_cost
-                    run.metrics[COST_METRIC] = cost
-                    entry_energy = {}
-                    hourly = energy_per_hour(run.metrics, self.cfg.energy_price_per_kwh)
-                    if hourly is not None:
-                        run.metrics[KWH_METRIC], run.metrics[ENERGY_COST_METRIC] = hourly
-                        entry_energy = {KWH_METRIC: hourly[0], ENERGY_COST_METRIC: hourly[1]}
-                    reached.append((run.metrics, candidate, probe.value))
-                    deployments.append({"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
-                                        "gpu_hours_per_hour": probe.value * candidate.gpus_per_instance,
-                                        "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)),
-                                        "meets": probe.holds, **entry_energy})
-                if outcome.value is not None:
-                    entry.update(status="found", instances=outcome.value, cost=outcome.value * candidate.unit_cost,
-                                 run=outcome.payload.name)
-                elif self.cap[candidate.index] < self.cfg.max_instances:
-                    entry.update(status="too-expensive",
-                                 reason=f"fails up to {_instances(self.cap[candidate.index])}, the most that cost "
-                                        f"no more than {_money(self.budget[candidate.index])}, the cheapest "
-                                        f"found then")
-                else:
-                    entry.update(status="fails", reason=f"fails even at {self.cfg.max_instances} instances")
-            entries.append(entry)
+            for driver in (self.searches.get(candidate.index), self.checks.get(candidate.index)):
+                for probe in driver.search.outcome.probes if driver is not None else ():
+                    runs.append(probe.payload)
+                    deployments.append(self._deployment(candidate, probe))
+                    reached.append((probe.payload.metrics, candidate, probe.value))
+            entries.append(self._entry(candidate))
         attainment = {d["run"]: d["attainment"] for d in deployments}
         found = [e for e in entries if e["status"] == "found"]
         order = {e["run"]: i for i, e in enumerate(entries)}
@@ -589,20 +770,8 @@ class PlanDriver:
                        default=None)
         frontier = tuple(pareto([(d["cost"], d["attainment"], d["run"]) for d in deployments]))
         grid = len(self.all) * (self.cfg.max_instances - self.cfg.min_instances + 1)
-        if cheapest is None:
-            message = (f"no deployment meets {self.cfg.constraint_text} within {self.cfg.max_instances} instances "
-                       f"of any candidate{self._best_reached(reached)}; raise max_instances or widen the space")
-        else:
-            p = cheapest["point"]
-            rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
-            found = next(d for d in deployments if d["run"] == cheapest["run"])
-            energy = ""
-            if KWH_METRIC in found:
-                energy = f" GPUs + {_money(found[ENERGY_COST_METRIC])} energy ({found[KWH_METRIC]:.3g} kWh/h)"
-            message = (f"cheapest deployment with {self.cfg.constraint_text}: {deployment_text(cheapest)}"
-                       f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}{energy}, "
-                       f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
-                       f"{len(deployments)} of {grid} deployments simulated")
+        message = (self._none_met(reached) if cheapest is None else
+                   self._found_message(cheapest, deployments, attainment, grid))
         targets = [c.threshold for c in self.constraints if c.metric == self.cfg.attainment and c.op in (">=", ">")]
         outcome = PlanOutcome(self.cfg.constraint_text, self.cfg.attainment, max(targets, default=None),
                               tuple(entries), cheapest,
