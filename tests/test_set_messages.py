@@ -225,8 +225,8 @@ def test_a_pools_table_blames_the_runs_set(tmp_path):
         [cluster]
         mode = "disaggregated"
         """)
-    assert error(path, "scheduler.max_num_seqs=abc").endswith(
-        "[cluster.prefill.scheduler]: max_num_seqs: must be a whole number, got 'abc' (str) "
+    assert error(path, "scheduler.max_num_seqs=abc").endswith(  # (the run's table: no pool overrides it)
+        ": [scheduler]: max_num_seqs: must be a whole number, got 'abc' (str) "
         "(from --set scheduler.max_num_seqs=abc)")
     assert error(path, "cluster.prefill.scheduler.max_num_seqs=abc").endswith(
         "[cluster.prefill.scheduler]: max_num_seqs: must be a whole number, got 'abc' (str) "

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import attrs
 
-from ..capacity import Presets
+from ..capacity import KV_CACHE_DTYPES, Presets
 from ..catalog import Catalog
 from ..configs import (MAX_INSTANCES, FieldError, bool_field, bound_text, float_field, from_table, int_field, str_field,
                        table_field)
@@ -180,10 +180,12 @@ class PoolConfig:
 class LinkConfig:
     """The link a prompt's KV crosses from a prefill instance to a decode instance."""
 
-    bandwidth_gbps: float = float_field(25.0, min=0.0, min_exclusive=True, allow_inf=True,
-                                        help="GB/s per GPU, one direction (25: a 200 Gb/s RDMA NIC per GPU; "
-                                             "inf: instant)")
-    latency_us: float = float_field(10.0, min=0.0, help="fixed time of one transfer, us")
+    bandwidth_gbps: float = float_field(25.0, min=1e-3, allow_inf=True,
+                                        help="GB/s of each prefill-decode pair of instances, per GPU, one direction "
+                                             "(25: a 200 Gb/s RDMA NIC per GPU; at least 0.001, 1 MB/s; inf: "
+                                             "instant); pairs do not share it")
+    latency_us: float = float_field(10.0, min=0.0, max=1e8,
+                                    help="fixed time of one transfer, us (at most 1e8: 100 s)")
     kv_lease_ms: float = float_field(KV_LEASE_MS, min=0.0,
                                      help="how long a prefill instance keeps the KV of a prompt whose client gave up "
                                           "before it was pulled, ms (vLLM NixlConnector's kv_lease_duration: 30 s)")
@@ -529,46 +531,51 @@ class Assembled:
     target: Any = None               # [target]: the real run's summary (schedlab.targets.Summary)
 
 
-def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
+def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str | dict,
                      speculative: SpeculativeConfig | None, power: list | None = None,
                      parallelism: Parallelism = SINGLE, disaggregated: bool = False) -> list[tuple]:
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
-    ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
+    ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock). ``label``:
+    the prefix of the tables errors name (``"cluster.decode."``), or one per kind of table -- a
+    pool's for the tables it overrides, the run's for the others."""
+    def at(kind: str) -> str:
+        return f"{where} [{label.get(kind, '') if isinstance(label, dict) else label}{kind}]"
+
     try:
         tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
         tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
         tables = {**tables, "kv_cache": _with_drafter(ctx, tables["kv_cache"], speculative)}
     except ConfigError as exc:  # (a scheduler config's answers: named with the run they were for)
-        raise ConfigError(f"{where} [{label}scheduler]: {exc}") from None
+        raise ConfigError(at("scheduler") + f": {exc}") from None
     tables = {**tables, "cost_model": _with_engine_cost_defaults(ctx, tables)}
     key = _ahead_key(_config_class(ctx, "scheduler", tables["scheduler"]))
     if _unmodelled_ahead(speculative, parallelism, disaggregated, key) is not None:
         tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
     parts = []
     for _ in range(count):
-        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]", parallelism)
+        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], at(kind), parallelism)
                                for kind in ("scheduler", "cost_model", "kv_cache"))
         for method in ("kv_problem", "start_up_problem"):  # (a 7 read as the problem "7")
             ask = getattr(scheduler, method, None)
             answer = ask(kv) if callable(ask) else None
             if answer and not isinstance(answer, str):
                 who = entry_label(ctx.catalog["scheduler"].get(tables["scheduler"].get("kind")))
-                raise ConfigError(f"{where} [{label}scheduler]: {who}: its {method}() returned {brief(answer)} "
+                raise ConfigError(at("scheduler") + f": {who}: its {method}() returned {brief(answer)} "
                                   f"({type(answer).__name__}); it returns why the settings cannot work, as text, or "
                                   "None")
         problem = getattr(scheduler, "kv_problem", None)
         problem = problem and problem(kv)
         if problem:
-            raise ConfigError(f"{where} [{label}scheduler]: {problem}")
+            raise ConfigError(at("scheduler") + f": {problem}")
         if not parts:  # every instance has the same tables: one says it
-            _warn_setting_notes(scheduler, kv, f"{where} [{label}scheduler]")
+            _warn_setting_notes(scheduler, kv, at("scheduler"))
         if speculative is not None:
-            _check_budget_for_drafts(scheduler, speculative, f"{where} [{label}scheduler]")
+            _check_budget_for_drafts(scheduler, speculative, at("scheduler"))
             cost = _drafting(ctx, speculative, cost, where)
         if tables.get("clock") is not None:
-            cost = _clocked(ctx, tables, cost, f"{where} [{label}clock]")
+            cost = _clocked(ctx, tables, cost, at("clock"))
         if power is not None:
-            power.append(_power_model(ctx, tables, cost, kv, f"{where} [{label}power]"))
+            power.append(_power_model(ctx, tables, cost, kv, at("power")))
         parts.append((scheduler, cost, kv))
     return parts
 
@@ -663,11 +670,20 @@ def _with_drafter(ctx: Context, table: dict, speculative: SpeculativeConfig | No
     model = speculative.draft.get("model")
     cache = _config_class(ctx, "kv_cache", table)
     if (not isinstance(model, str) or cache is None or not attrs.has(cache)
-            or "draft_model" not in attrs.fields_dict(cache)):
-        return table
+            or "draft_model" not in attrs.fields_dict(cache) or not _known_model(ctx, model)):
+        return table  # (an unknown drafter: its own table, [speculative.draft], says so when built)
     shares = {"draft_shares_tables": True} if speculative.method == "eagle" and "draft_shares_tables" not in table \
         else {}  # (an EAGLE head uses the target's embedding and LM head: vLLM loads them once)
     return {**table, "draft_model": model, **shares}
+
+
+def _known_model(ctx: Context, name: str) -> bool:
+    """Whether ``name`` is a model preset (or a ``[models.<name>]`` table)."""
+    try:
+        ctx.presets.model(name)
+    except (ConfigError, KeyError):
+        return False
+    return True
 
 
 def _with_engine_cost_defaults(ctx: Context, tables: dict) -> dict:
@@ -1330,6 +1346,10 @@ def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> Draf
     return DraftingCostModel(cost, drafter, config)
 
 
+#: the tables a pool of a disaggregated cluster may override
+POOL_TABLES = ("scheduler", "cost_model", "kv_cache", "power", "clock")
+
+
 def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, workload, slo, speculative,
                             where: str, check_only: bool = False) -> Assembled:
     """A prefill pool and a decode pool, each with the run's plugin tables overridden by its own
@@ -1337,11 +1357,12 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
     pools = []
     power = [] if "power" in tables else None
     models: dict[str, str] = {}  # pool -> the model its cost model times
+    dtypes: dict[str, tuple] = {}  # pool -> how its KV cache stores K and V: (kv_cache_dtype, bytes)
     for name in POOLS:
         pool_where = f"{where} [cluster.{name}]"
         pool = from_table(PoolConfig, getattr(cluster, name) or {}, where=pool_where)
         pool_tables = dict(tables)
-        for kind in ("scheduler", "cost_model", "kv_cache", "power", "clock"):
+        for kind in POOL_TABLES:
             own = getattr(pool, kind)
             if own:
                 if kind == "power" and kind not in tables:  # every instance is metered, or none
@@ -1350,7 +1371,9 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
         if pool.cost_model or pool.kv_cache:  # (the run's own tables were warned about already)
             _warn_two_gpus(pool_tables, ctx, pool_where)
         _check_one_model(ctx, models, name, pool_tables.get("cost_model") or {}, pool_where)
-        parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, f"cluster.{name}.",
+        _check_one_kv_dtype(ctx, dtypes, name, pool_tables.get("kv_cache") or {}, pool_where)
+        labels = {kind: f"cluster.{name}." for kind in POOL_TABLES if getattr(pool, kind)}  # (else the run's table)
+        parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, labels,
                                  speculative, power, disaggregated=True)
         router = None
         if pool.instances > 1:
@@ -1397,6 +1420,28 @@ def _check_one_model(ctx: Context, models: dict, pool: str, cost: dict, where: s
     if other is not None and models[other] != models[pool]:
         raise ConfigError(f"{where} cost_model: model = {name!r}, but [cluster.{other}] serves {models[other]!r}: the "
                           f"decode pool continues the prefill pool's prompts with their KV, so both serve one model")
+
+
+def _check_one_kv_dtype(ctx: Context, dtypes: dict, pool: str, kv: dict, where: str) -> None:
+    """Refuse pools whose KV caches store K and V differently (``kv_cache_dtype`` fp8 in one, the
+    model's 16 bits in the other): vLLM's NIXL connector puts the cache dtype in the handshake's
+    compatibility hash and refuses the transfer (``nixl/metadata.py``)."""
+    name = kv.get("kv_cache_dtype", "auto")
+    size = KV_CACHE_DTYPES.get(name) if isinstance(name, str) else None
+    if name == "auto" and isinstance(kv.get("model"), str) and _known_model(ctx, kv["model"]):
+        size = ctx.presets.model(kv["model"]).kv_element_bytes
+    if size is None:
+        return  # (a bad name: the cache says so; a model not named: nothing to compare)
+    dtypes[pool] = (name, size)
+    other = next((p for p in dtypes if p != pool), None)
+    if other is None:
+        return
+    (a, a_size), (b, b_size) = dtypes[other], dtypes[pool]
+    if a_size != b_size or (a != b and "auto" not in (a, b) and a_size == 1):
+        raise ConfigError(f"{where} kv_cache: kv_cache_dtype = {b!r} ({b_size} byte{'s' if b_size > 1 else ''} an "
+                          f"element), but [cluster.{other}] keeps its KV as {a!r} ({a_size}): vLLM's NIXL connector "
+                          "refuses to move KV between caches of different dtypes; set the same kv_cache_dtype in both "
+                          "pools")
 
 
 def _meters(a: Assembled, seen: list) -> list:
