@@ -989,6 +989,35 @@ def workload_mismatches(target, requests: dict) -> list[str]:
     return notes
 
 
+def model_mismatch(target, spec, ctx) -> str:
+    """Where the summary ``target`` names the model it measured (a Hugging Face id) and the run's
+    cost model times another preset: "" when they match or either is unknown. A fit to another
+    model's statistics fits the cost model to the wrong numbers."""
+    if getattr(target, "model", None) is None:
+        return ""
+    name = (spec.tables.get("cost_model") or {}).get("model")
+    if not isinstance(name, str):
+        return ""
+    try:
+        simulated = ctx.presets.model(name)
+    except (SchedlabError, KeyError):
+        return ""
+    try:
+        measured = ctx.presets.model(target.model).name
+    except (SchedlabError, KeyError):  # an id no preset carries: its size, if both say one ("70B" vs "8b")
+        sizes = [_SIZE.findall(text.lower()) for text in (target.model, simulated.hf_id or simulated.name)]
+        if not all(sizes) or sizes[0][0] == sizes[1][0]:
+            return ""
+        return f"{target.source} measured {target.model}, the run's cost model times {simulated.name}"
+    if simulated.name == measured:
+        return ""
+    return f"{target.source} measured {target.model} ({measured}), the run's cost model times {simulated.name}"
+
+
+#: a model's size in a name or Hugging Face id (``Llama-3.1-70B`` -> 70, ``qwen3-30b-a3b`` -> 30)
+_SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z])")
+
+
 def _held_out_error(exp, tables: dict, base, rows, objective: str = "statistics") -> float:
     """The mean |error| of the measured run's ``rows`` in a run with ``tables``, judged as the
     fit was."""
@@ -1117,6 +1146,9 @@ def command(args) -> int:
     if target is not None and result is not None:
         for note in workload_mismatches(target, result.all_requests()):
             print(f"note: {note}: is the experiment's workload the benchmark's?\n")
+        note = model_mismatch(target, spec[0] if isinstance(spec, list) else spec, exp.context)
+        if note:
+            print(f"note: {note}: is the experiment's model the benchmark's?\n")
     held_out, label = None, ""
     if others is not None and len(others):
         from .study.simulation import _tables_with_defaults

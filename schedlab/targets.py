@@ -338,6 +338,8 @@ class Summary:
     tokens: tuple[float, float] | None = None
     #: the rate the client sent at (requests/s), where the file says it and it is finite
     sent_rate: float | None = None
+    #: the model the benchmark served, where the file says it (a Hugging Face id: ``model_id``)
+    model: str | None = None
     #: a ``vllm bench serve`` file's wait from the start of its benchmark (where its duration starts)
     #: to its first send, in ms (:func:`bench_first_gap_s`; an ML.ENERGY file's, which names no
     #: rate, is 0): its throughputs are read over the simulated run's duration taken the same way;
@@ -652,9 +654,10 @@ def _statistic(raw, key: str, where: str, dropped: dict[str, str]) -> float | No
 
 
 def _workload_shape(data: dict) -> dict:
-    """``tokens`` and ``sent_rate`` of a benchmark file (vLLM's and SGLang's): the mean prompt and
-    output of a completed request and the client's finite ``request_rate``. Only a check of the
-    experiment's workload against the benchmark's, so a value missing or not a number is left out."""
+    """``tokens``, ``sent_rate`` and ``model`` of a benchmark file (vLLM's and SGLang's): the mean
+    prompt and output of a completed request, the client's finite ``request_rate`` and the
+    ``model_id`` served. Only a check of the experiment's workload against the benchmark's, so a
+    value missing or not a number is left out."""
     def number(key):
         raw = data.get(key)
         value = _float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
@@ -662,7 +665,9 @@ def _workload_shape(data: dict) -> dict:
 
     done, prompt, output, rate = (number(k) for k in ("completed", "total_input_tokens", "total_output_tokens",
                                                        "request_rate"))
-    return {"tokens": (prompt / done, output / done) if done and prompt and output else None, "sent_rate": rate}
+    model = data.get("model_id")
+    return {"tokens": (prompt / done, output / done) if done and prompt and output else None, "sent_rate": rate,
+            "model": model if isinstance(model, str) and model.strip() else None}
 
 
 def _bench_summary(data: dict, source: str, where: str) -> Summary:

@@ -63,3 +63,34 @@ def test_a_fit_that_improves_still_gives_its_snippet(tmp_path):
     assert "# paste into the experiment:" in text and "outside the --fit bounds" not in text
     fitted = tomllib.loads(text.split("# paste into the experiment:\n")[1])
     assert fitted["cost_model"]["decode_ms_per_step"] == pytest.approx(fit.values[parameters[0].key], rel=1e-5)
+
+
+@pytest.mark.parametrize("measured, note", [
+    # an id no preset carries: told apart by its size
+    ("meta-llama/Llama-3.1-70B-Instruct", "t.json measured meta-llama/Llama-3.1-70B-Instruct, the run's cost model "
+                                          "times llama-3-8b"),
+    # an id a preset carries, another model
+    ("Qwen/Qwen3-32B", "t.json measured Qwen/Qwen3-32B (qwen3-32b), the run's cost model times llama-3-8b"),
+    ("meta-llama/Meta-Llama-3-8B-Instruct", ""),  # the same model, tuned: its preset
+    ("someone/llama-8b-finetune", ""),            # unknown, but the same size: nothing to say
+    (None, ""),                                   # the file names no model
+])
+def test_a_target_measured_on_another_model_is_noted(tmp_path, measured, note):
+    """A 70B model's statistics were fitted to an 8B model's run without a word."""
+    from schedlab.calibrate import model_mismatch
+
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), TRUTH)
+    path = tmp_path / "m.toml"
+    path.write_text(exp.path.read_text().replace('kind = "linear"', 'kind = "roofline"\nmodel = "llama-3-8b"\n'
+                                                 'gpu = "a100-80gb"', 1).replace(
+        "".join(f"{k} = {v}\n" for k, v in TRUTH.items()), ""))
+    spec = load(path).studies[0].base
+    target = SimpleNamespace(source="t.json", model=measured)
+    assert model_mismatch(target, spec, load(path).context) == note
+
+
+def test_a_bench_files_model_id_is_read():
+    from schedlab.targets import _workload_shape
+
+    assert _workload_shape({"model_id": "Qwen/Qwen3-32B"})["model"] == "Qwen/Qwen3-32B"
+    assert _workload_shape({"model_id": ""})["model"] is None and _workload_shape({})["model"] is None

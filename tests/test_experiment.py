@@ -154,11 +154,14 @@ def test_same_seed_same_results_different_seed_differs(folder):
 
 
 @pytest.mark.parametrize("slo,message", [
-    ("[slo]\nttft_ms = -1\n", r"\[slo\]: ttft_ms: must be >= 0.0, got -1"),
+    ("[slo]\nttft_ms = -1\n", r"\[slo\]: ttft_ms: must be > 0.0, got -1"),
+    # a target of 0 no request meets: a plan on it advised more instances (a review)
+    ("[slo]\nttft_ms = 0\n", r"\[slo\]: ttft_ms: must be > 0.0, got 0"),
+    ("[slo]\nclasses = { chat = { tpot_ms = 0 } }\n", r"chat.tpot_ms must be a number > 0 \(inf: none\), got 0"),
     ("[slo]\nclasses = { chat = { ttft = 3 } }\n", r"\[slo\]: classes: chat: unknown key 'ttft'"),
     ("[slo]\nclasses = { chat = { ttft_ms = 'fast' } }\n", r"chat.ttft_ms must be a number"),
     # NaN passed (value < 0 is false) and no request ever met it: attainment 0 with exit 0
-    ("[slo]\nclasses = { chat = { ttft_ms = nan } }\n", r"chat.ttft_ms must be a number >= 0 \(inf: none\), got nan"),
+    ("[slo]\nclasses = { chat = { ttft_ms = nan } }\n", r"chat.ttft_ms must be a number > 0 \(inf: none\), got nan"),
     ("[[runs]]\nname = 'a'\nseed = 'x'\n", r"seed must be a whole number"),
 ])
 def test_slo_tables_and_seeds_are_checked_at_load(folder, slo, message):

@@ -197,8 +197,11 @@ class SloConfig:
     them (``slo.goodput_rps`` counts such requests per second, as ``vllm bench serve --goodput``;
     DistServe's goodput, the highest rate at which 90% meet them, is the ``goodput`` report's)."""
 
-    ttft_ms: float = float_field(math.inf, min=0.0, allow_inf=True, help="TTFT target of every request, ms")
-    tpot_ms: float = float_field(math.inf, min=0.0, allow_inf=True, help="TPOT target of every request, ms")
+    # (a target of 0 no request meets: a plan or search on it could only fail, advising more instances)
+    ttft_ms: float = float_field(math.inf, min=0.0, min_exclusive=True, allow_inf=True,
+                                 help="TTFT target of every request, ms (> 0; inf: none)")
+    tpot_ms: float = float_field(math.inf, min=0.0, min_exclusive=True, allow_inf=True,
+                                 help="TPOT target of every request, ms (> 0; inf: none)")
     classes: dict = table_field(attrs.Factory(dict),
                                 help="targets per request class: {interactive = {ttft_ms = 300, tpot_ms = 100}}")
 
@@ -212,8 +215,8 @@ class SloConfig:
             for key, value in table.items():
                 if key not in ("ttft_ms", "tpot_ms"):
                     raise FieldError("classes", f"{name}: unknown key {key!r}; valid keys: ttft_ms, tpot_ms")
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # (NaN too)
-                    raise FieldError("classes", f"{name}.{key} must be a number >= 0 (inf: none), got {value!r}")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # (NaN too)
+                    raise FieldError("classes", f"{name}.{key} must be a number > 0 (inf: none), got {value!r}")
                 if isinstance(value, int) and value > sys.float_info.max:
                     raise FieldError("classes", f"{name}.{key} must be a finite number (at most "
                                                 f"{sys.float_info.max:.3g}; inf: none), got {bound_text(value)}")
