@@ -870,7 +870,7 @@ def test_the_fleet_report_writes_its_table_and_plot(tmp_path):
     assert [p.name for p in written] == ["fleet.txt", "fleet.png"]
     run = results.all_runs()[0]
     line = (tmp_path / "out" / "fleet.txt").read_text().splitlines()[1]
-    assert f"{run.metrics['gpu_hours'] * 2.0:.0f}" in line.split()
+    assert f"{run.metrics['gpu_hours'] * 2.0:,.2f}" in line.split()
 
 
 def test_the_fleet_report_says_why_it_writes_nothing_for_runs_under_two_hours(tmp_path):
@@ -913,7 +913,7 @@ def test_the_fleet_table_of_runs_without_slo_shows_no_attainment():
     runs = [RunResult("fixed", {}, {}, {}, {}, {}, {}, {}, metrics, {})]
     assert fleet_table(runs, 2.0) == (
         "run                         requests  GPU-hours    cost $  SLO attained  worst hour  ups/downs\n"
-        "fixed                          1,234        2.5         5             -           -          -\n")
+        "fixed                          1,234        2.5      5.00             -           -          -\n")
 
 
 def test_the_fleet_table_without_power_is_as_before():
@@ -927,8 +927,8 @@ def test_the_fleet_table_without_power_is_as_before():
     scaled_run = dict(fixed, fleet={"scale_ups": 3, "scale_downs": 2})
     runs = [RunResult(name, {}, {}, {}, {}, {}, {}, {}, m, {}) for name, m in (("fixed", fixed), ("auto", scaled_run))]
     expected = ("run                         requests  GPU-hours    cost $  SLO attained  worst hour  ups/downs\n"
-                "fixed                          1,234        2.5         5        95.00%      90.00%          -\n"
-                "auto                           1,234        2.5         5        95.00%      90.00%        3/2\n")
+                "fixed                          1,234        2.5      5.00        95.00%      90.00%          -\n"
+                "auto                           1,234        2.5      5.00        95.00%      90.00%        3/2\n")
     assert fleet_table(runs, 2.0) == expected
     assert fleet_table(runs, 2.0, 0.12) == expected
 

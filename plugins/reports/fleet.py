@@ -121,7 +121,7 @@ def fleet_table(runs: list, price: float, kwh_usd: float | None = None, per_hour
         fleet = m.get("fleet")
         moves = f"{fleet['scale_ups']}/{fleet['scale_downs']}" if fleet else "-"
         attained = m.get("slo", {}).get("attainment", math.nan)
-        line = (f"{run.name:<24} {m['requests']:>11,} {m['gpu_hours']:>10.1f} {m['gpu_hours'] * price:>9.0f} "
+        line = (f"{run.name:<24} {m['requests']:>11,} {m['gpu_hours']:>10.1f} {m['gpu_hours'] * price:>9,.2f} "
                 f"{_share(attained):>13} {_share(worst):>11} {moves:>10}")
         if energy:
             kwh = m["energy"]["kwh"] if metered(run) else None

@@ -102,8 +102,14 @@ def stability_lines(runs) -> list[str]:
             for run in runs if (mark := stability_mark(run))]
 
 
+#: the columns of money (a plan's, per hour): to the cent, as prices are written
+MONEY_COLUMNS = ("cost_per_hour", "energy_cost_per_hour")
+
+
 def _cell(run, column: str) -> str:
-    text = _fmt(metric_at(run.metrics, column))
+    value = metric_at(run.metrics, column)
+    money = column.rsplit(".", 1)[-1] in MONEY_COLUMNS and isinstance(value, float) and math.isfinite(value)
+    text = f"{value:,.2f}" if money else _fmt(value)
     pair = run.intervals.get(column) if run.intervals else None
     if pair and all(isinstance(v, float) and math.isfinite(v) for v in pair) and pair[1] > pair[0]:
         text += f" ±{_fmt((pair[1] - pair[0]) / 2)}"
