@@ -415,10 +415,22 @@ def _declared_type(exp, tables: dict, key: str) -> set[str] | None:
     return {part.strip() for part in text.split("|")} - {"None"}
 
 
-def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | None = None, max_evaluations: int = 60,
-              tolerance: float = 1e-3, rows=None, target=None, hold: dict[str, Any] | None = None,
-              starts: int = 1, diagnose: bool = True, objective: str = "statistics") -> tuple[Fit, Any, Any]:
-    """Fit ``parameters`` on one run of a loaded experiment, or on several together.
+def calibrate(exp, parameters: list[Parameter], *, max_evaluations: int = 60, **options) -> tuple[Fit, Any, Any]:
+    """Fit ``parameters`` on one run of a loaded experiment, or on several together
+    (:func:`_calibrate`'s options), with a progress bar of its simulations on a terminal: a fit
+    runs minutes and said nothing until its report."""
+    from .progress import progress
+
+    with progress(max_evaluations, "calibrate") as bar:
+        return _calibrate(exp, parameters, max_evaluations=max_evaluations, bar=bar, **options)
+
+
+def _calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | None = None, max_evaluations: int = 60,
+               tolerance: float = 1e-3, rows=None, target=None, hold: dict[str, Any] | None = None,
+               starts: int = 1, diagnose: bool = True, objective: str = "statistics",
+               bar=None) -> tuple[Fit, Any, Any]:
+    """Fit ``parameters`` on one run of a loaded experiment, or on several together (``bar``: a
+    progress bar, :func:`schedlab.progress.progress`, advanced by each simulation).
 
     :param run_name: the run to fit; or a list of runs (names or shell patterns, ``vllm-*``) to
         fit together -- the stages of a sweep, the configurations of one server: the objective
@@ -516,6 +528,10 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
             if len(cache) >= cap[0]:
                 raise BudgetSpent
             cache[key] = score_all(exp, specs_at(key), judges, strict=strict, prefix=joint, failures=failures)
+            if bar is not None:
+                bar.update()
+                best = min(error for error, _, _ in cache.values())
+                bar.set_postfix_str(f"best mean |error| {_pct(best)}")
         return cache[key]
 
     start_error, _, start_errors = evaluate(start, strict=True)  # fail fast: bad key, nothing to compare with

@@ -94,3 +94,37 @@ def test_a_bench_files_model_id_is_read():
 
     assert _workload_shape({"model_id": "Qwen/Qwen3-32B"})["model"] == "Qwen/Qwen3-32B"
     assert _workload_shape({"model_id": ""})["model"] is None and _workload_shape({})["model"] is None
+
+
+def test_a_fit_advances_a_progress_bar_by_its_simulations(tmp_path, monkeypatch):
+    """A fit ran minutes and printed nothing until its report: a bar of its simulations now,
+    its total the budget, one step a simulation, the best error so far beside it."""
+    import schedlab.progress
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc):
+            self.total, self.desc, self.steps, self.postfix = total, desc, 0, ""
+            bars.append(self)
+
+        def update(self, n=1):
+            self.steps += n
+
+        def set_postfix_str(self, text=""):
+            self.postfix = text
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(schedlab.progress, "progress", Bar)
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), dict(TRUTH, decode_ms_per_step=9.0))
+    fit, _, _ = calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 20.0)], max_evaluations=12,
+                          target=target, diagnose=False)
+    (bar,) = bars
+    assert (bar.total, bar.desc) == (12, "calibrate") and bar.steps == fit.evaluations
+    assert bar.postfix == f"best mean |error| {fit.mean_abs_error_pct:.2f}%"
