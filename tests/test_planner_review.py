@@ -7,6 +7,7 @@ a few seconds each."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -245,3 +246,26 @@ def test_no_noise_note_for_a_target_of_zero():
     answer = run(39)
     outcome = SearchOutcome("found", 17, answer, 18, [Probe(17, True, answer), Probe(18, False, failing)], "")
     assert "num_preemptions = 39, within 5% of its target (<= 40)" in answer_caveats(outcome, near)
+
+
+# -- J3: the price of a million output tokens --------------------------------------------------------------------------
+
+
+def test_the_price_of_a_million_output_tokens_by_hand():
+    """The shipped plan's answer: $2.58/h at 2,619 output tokens/s makes 9.43 million tokens an
+    hour, $0.2736 a million."""
+    from schedlab.study.planner import cost_per_mtok
+
+    assert cost_per_mtok(2.58, 2619.0) == pytest.approx(2.58 / (2619.0 * 3600 / 1e6)) == pytest.approx(0.27364, 1e-4)
+    assert math.isnan(cost_per_mtok(2.58, 0.0)) and math.isnan(cost_per_mtok(2.58, None))
+
+
+def test_every_deployment_of_a_plan_says_its_price_of_a_million_tokens(tmp_path):
+    study = plan_of(tmp_path, BASE + 'constraints = ["slo.attainment >= 0.99"]\n')
+    plan = study.plan
+    for deployment in plan.deployments:
+        run = next(r for r in study.runs if r.name == deployment["run"])
+        expected = deployment["cost"] / (run.metrics["throughput_tps"] * 3600 / 1e6)
+        assert deployment["cost_per_mtok"] == pytest.approx(expected) == run.metrics["cost_per_mtok"]
+    cheapest = next(d for d in plan.deployments if d["run"] == plan.cheapest["run"])
+    assert f"; GPUs ${cheapest['cost_per_mtok']:,.2f} a million output tokens at this load; " in plan.message

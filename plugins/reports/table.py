@@ -103,7 +103,7 @@ def stability_lines(runs) -> list[str]:
 
 
 #: the columns of money (a plan's, per hour): to the cent, as prices are written
-MONEY_COLUMNS = ("cost_per_hour", "energy_cost_per_hour")
+MONEY_COLUMNS = ("cost_per_hour", "energy_cost_per_hour", "cost_per_mtok")
 
 
 def _cell(run, column: str) -> str:

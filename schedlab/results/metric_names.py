@@ -88,6 +88,7 @@ METRICS: dict = {
                   "simulated": {"*": None}},
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
     "cost_per_hour": None,
+    "cost_per_mtok": None,   # (a plan's: dollars a million output tokens at the simulated load)
     "gpu_hours": None,  # GPUs paid for x hours: the whole cluster from 0 to the last finish, or autoscaled
     # optional: an autoscaled cluster (schedlab.engine.scaling)
     # (drain_aborted: with a drain timeout, the requests it aborted, schedlab.engine.drain)

@@ -80,6 +80,9 @@ INSTANCES_KEY = "cluster.instances"
 COST_METRIC = "cost_per_hour"  # added to the metrics of every deployment a plan simulates
 KWH_METRIC = "kwh_per_hour"    # and, in a run with [power], its facility energy per hour of serving
 ENERGY_COST_METRIC = "energy_cost_per_hour"
+#: the GPUs' price of a million output tokens at the simulated load (cost_per_hour over the tokens
+#: an hour generates at throughput_tps): what the deployment charges a token where it is planned
+COST_MTOK_METRIC = "cost_per_mtok"
 
 
 def energy_per_hour(metrics: dict, price_per_kwh: float | None) -> dict:
@@ -91,6 +94,13 @@ def energy_per_hour(metrics: dict, price_per_kwh: float | None) -> dict:
         return {}
     kw = energy["facility_j"] / energy["window_ms"]  # J per ms = kW
     return {KWH_METRIC: kw} if price_per_kwh is None else {KWH_METRIC: kw, ENERGY_COST_METRIC: kw * price_per_kwh}
+
+
+def cost_per_mtok(cost_per_hour: float, throughput_tps) -> float:
+    """Dollars a million output tokens cost at ``throughput_tps`` (NaN without throughput)."""
+    if not isinstance(throughput_tps, (int, float)) or not math.isfinite(throughput_tps) or throughput_tps <= 0:
+        return math.nan
+    return cost_per_hour / (throughput_tps * 3600 / 1e6)
 
 
 def _check_prices(_inst, attribute, value):
@@ -719,9 +729,11 @@ class PlanDriver:
         run = probe.payload
         cost = probe.value * candidate.unit_cost
         run.metrics[COST_METRIC] = cost
+        run.metrics[COST_MTOK_METRIC] = per_mtok = cost_per_mtok(cost, run.metrics.get("throughput_tps"))
         hourly = energy_per_hour(run.metrics, self.cfg.energy_price_per_kwh)
         run.metrics.update(hourly)
         return {"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
+                COST_MTOK_METRIC: per_mtok,
                 "gpu_hours_per_hour": probe.value * candidate.gpus_per_instance,
                 "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)), "meets": probe.holds, **hourly}
 
@@ -736,9 +748,11 @@ class PlanDriver:
             energy = f" GPUs + {_money(found[ENERGY_COST_METRIC])} energy ({found[KWH_METRIC]:.3g} kWh/h)"
         elif KWH_METRIC in found:  # no price: the kWh only (not "$0.00/h energy")
             energy = f" GPUs + {found[KWH_METRIC]:.3g} kWh/h of energy"
+        per_mtok = found[COST_MTOK_METRIC]
+        tokens = f"; GPUs ${per_mtok:,.2f} a million output tokens at this load" if math.isfinite(per_mtok) else ""
         message = (f"cheapest deployment with {self.cfg.constraint_text}: {deployment_text(cheapest)}"
                    f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}{energy}, "
-                   f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
+                   f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}{tokens}; "
                    f"{len(deployments)} of {grid} deployments simulated")
         fewest = self.cfg.min_instances
         if cheapest["instances"] == fewest > self._lowest_min():
