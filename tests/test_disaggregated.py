@@ -823,7 +823,7 @@ def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode.scheduler]\nmax_num_seq = 2\n",
      r"\[cluster.decode.scheduler\]: unknown key 'max_num_seq' \(did you mean 'max_num_seqs'\?\)"),
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.link]\nbandwidth_gbps = 0\n",
-     r"\[cluster.link\]: bandwidth_gbps: must be > 0.0"),
+     r"\[cluster.link\]: bandwidth_gbps: must be >= 0.001"),
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.link]\nbandwith_gbps = 5\n",
      r"\[cluster.link\]: unknown key 'bandwith_gbps' \(did you mean 'bandwidth_gbps'\?\)"),
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode]\ninstances = 2\nrouter = {kind = \"nearest\"}\n",

@@ -269,3 +269,16 @@ def test_every_deployment_of_a_plan_says_its_price_of_a_million_tokens(tmp_path)
         assert deployment["cost_per_mtok"] == pytest.approx(expected) == run.metrics["cost_per_mtok"]
     cheapest = next(d for d in plan.deployments if d["run"] == plan.cheapest["run"])
     assert f"; GPUs ${cheapest['cost_per_mtok']:,.2f} a million output tokens at this load; " in plan.message
+
+
+# -- J2: a space that varies the load --------------------------------------------------------------------------------
+
+
+def test_a_space_that_varies_the_load_is_warned_about(tmp_path):
+    """The cheapest deployment across two rates is the one serving the lower: no load's answer."""
+    from schedlab.errors import InputWarning
+
+    text = BASE + 'constraints = ["slo.attainment >= 0.99"]\n[plan.space]\n"workload.rate" = [4.0, 8.0]\n'
+    with pytest.warns(InputWarning, match=r"\[plan.space\]: workload.rate varies the load, so the cheapest deployment "
+                                          r"is taken across loads"):
+        plan_of(tmp_path, text)

@@ -402,6 +402,21 @@ def _check_autoscaled_plan(cfg: PlanConfig, autoscaler: dict, where: str) -> Non
                           f"max_instances ({cfg.max_instances}); leave max_instances out")
 
 
+#: workload keys that set the load a plan serves, not how it is served
+DEMAND_KEYS = ("workload.rate", "workload.clients", "workload.max_concurrency", "workload.stages")
+
+
+def _warn_demand_in_space(study, where: str) -> None:
+    """Say when ``[plan.space]`` varies the load (``workload.rate``): the plan then picks the
+    cheapest deployment across loads, which answers no load's question -- plan each load in a
+    ``[[runs]]`` entry of its own."""
+    varied = [key for key in study.plan.space if key in DEMAND_KEYS or key == "workload"]
+    if varied:
+        warnings.warn(f"{where} [plan.space]: {', '.join(varied)} varies the load, so the cheapest deployment is "
+                      "taken across loads (a deployment serving less looks cheaper); plan each load in a [[runs]] "
+                      "entry of its own", InputWarning, stacklevel=3)
+
+
 def validate(study, ctx, where: str) -> None:
     """At load time: every GPU a preset and none named twice, and at least one candidate must
     assemble and start (else its error is the file's error)."""
@@ -414,6 +429,7 @@ def validate(study, ctx, where: str) -> None:
             check_slo(parse_constraint(text).metric, [study], f"{where} [plan]: constraints")
     _warn_attainment_without_slo(study, where)
     _warn_energy_price_without_power(study, where)
+    _warn_demand_in_space(study, where)
     checked = feasibility(study, ctx, where)
     if all(reason for _, reason in checked):
         raise ConfigError(checked[0][1])
