@@ -339,4 +339,38 @@ class Speculation:
         reason = reason_of(asked, kv)
         if reason:
             return f"{reason} (max_tokens {most} + {padded - most} speculative slots)"
-        return None
+        return self._first_step_reason(getattr(reason_of, "scheduler", None), request, kv, longest)
+
+    def _first_step_reason(self, scheduler, request, kv, longest: int) -> str | None:
+        """Why the prompt of ``request``, prefilled in one step, can never be admitted with its
+        lookahead slots, or None: a model's window layers hold every token of that step, and the
+        drafter's ``lookahead`` slots come on top (``Plan.admit``: ``prompt + lookahead`` slots, no
+        further than ``longest``), which the scheduler's own rule and never-fits test leave out -- the
+        request waited for ever (review specdisagg, finding 5). Asked only where the scheduler is
+        known to prefill the prompt in one step (:func:`one_step_prefill`)."""
+        window = getattr(kv, "window", None)
+        prompt = request.prompt_tokens
+        if not self.lookahead or window is None or not one_step_prefill(scheduler, prompt):
+            return None
+        slots = prompt + self.lookahead
+        if longest and slots > longest:
+            slots = max(longest, prompt)
+        need = -(-slots // kv.block_size) + window.held(0, prompt)
+        if need <= kv.num_blocks:
+            return None
+        return (f"its prompt of {prompt} tokens, prefilled in one step, needs {need} KV blocks at once (the model's "
+                f"window layers keep every token of the step, plus {slots - prompt} speculative lookahead "
+                f"slot{'s' if slots - prompt != 1 else ''} the drafter writes) but the cache has {kv.num_blocks}")
+
+
+def one_step_prefill(scheduler, prompt: int) -> bool:
+    """Whether ``scheduler`` (None: unknown) prefills a prompt of ``prompt`` tokens in one step
+    when alone: a scheduler with vLLM's settings (``chunked_prefill``, ``max_num_batched_tokens``
+    on its config) without chunked prefill, or with a budget that holds the prompt. False where
+    unknown: a check that assumed one step would turn away prompts that fit in chunks."""
+    config = getattr(scheduler, "config", None)
+    chunked = getattr(config, "chunked_prefill", None)
+    budget = getattr(config, "max_num_batched_tokens", None)
+    if not isinstance(chunked, bool) or not isinstance(budget, int):
+        return False
+    return not chunked or budget >= prompt

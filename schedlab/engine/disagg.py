@@ -23,8 +23,8 @@ from .load import RoutingClock, views_of
 from .plan import received_rejection_hook, refusal
 from .sequence import ABORTED, DECODING, PARKED, SWAPPED, Sequence
 from .transfer import (FIRST_TOKEN, KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, first_step_done,
-                       kv_bytes_per_token, kv_reservation, pool_reason, prefill_request, pull_keywords,
-                       pulled_counters, tokens_moved)
+                       kv_bytes_per_token, pool_reason, prefill_request, pull_keywords,
+                       pull_reservation, pulled_counters, tokens_moved)
 
 INF = math.inf
 TRANSFERRING = "transferring"  # a decode-side sequence before it joins the running set
@@ -100,6 +100,15 @@ class PrefillStage:
 
     def release_at(self, t: float, tr: Transfer) -> None:
         heapq.heappush(self.releases, (t, tr.seq_no, tr))
+
+    def held_transfers(self, index: int) -> list:
+        """The prompts instance ``index`` handed on whose KV no decode instance has pulled yet
+        (not routed, or in a decode instance's pull queue): for a stall's message."""
+        cluster = self.cluster
+        waiting = [tr for _, _, tr in cluster._handoffs]
+        for d in cluster.decode:
+            waiting += d.stage.pull_queue
+        return [tr for tr in waiting if tr.prefill_index == index]
 
 
 class DecodeStage:
@@ -235,7 +244,7 @@ class DecodeStage:
             seq = tr.decode_seq
             prompt = seq.prompt
             hit = inst.prefix_hit(seq) if inst.prefix_hit is not None else 0
-            reserve = kv_reservation(inst.scheduler, seq.request)
+            reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest)
             if headroom is not None:
                 keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)
                 if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received) + keep \
@@ -344,9 +353,12 @@ class DisaggregatedCluster:
                             scaling.prefill if scaling is not None else None, request, request.arrival_ms)
         if scaling is not None:
             scaling.arrived(request.arrival_ms)
-        if target.limit_request is not None:  # as the prefill instance serves it (max_model_len)
-            request = target.limit_request(request, target.kv)
+        # vLLM's P/D proxy: the prefill instance serves the prompt with max_tokens = 1, its limits
+        # (max_model_len) bounding the prompt only; the decode instance serves the client's request
+        # as its own limits cut it (review specdisagg, findings 2 and 3)
         first = prefill_request(request)
+        if target.limit_request is not None:
+            first = target.limit_request(first, target.kv)
         reason = pool_reason("prefill", target._rejection_reason(first, target.kv))
         if not reason and target.spec is not None:  # (as Instance.arrive asks)
             reason = pool_reason("prefill", target.spec.rejection_reason(target._rejection_reason, first, target.kv,
@@ -354,6 +366,8 @@ class DisaggregatedCluster:
         at = target.index
         if not reason:  # the decode pool is uniform: its first instance answers for it, and records it
             decode0 = self.decode[0]
+            if decode0.limit_request is not None:
+                request = decode0.limit_request(request, decode0.kv)
             reason = pool_reason("decode", self._decode_reason(request, decode0.kv))
             if not reason and decode0.spec is not None:
                 reason = pool_reason("decode", decode0.spec.rejection_reason(self._decode_reason, request, decode0.kv,

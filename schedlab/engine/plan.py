@@ -96,6 +96,7 @@ def rejection_hook(scheduler, default):
     def reason_of(request, kv):
         return check_rejection(request, hook(request, kv))
 
+    reason_of.scheduler = scheduler  # (Speculation.rejection_reason asks how it prefills a prompt)
     return reason_of
 
 
@@ -271,7 +272,10 @@ def received_rejection_hook(scheduler, default):
     except (TypeError, ValueError):  # (a callable whose signature cannot be read)
         takes = False
     if not takes:
-        return rejection_hook(scheduler, default)
+        reason_of = rejection_hook(scheduler, default)
+        if reason_of is not default:  # (no prefill step here: none of its lookahead slots to count)
+            reason_of.scheduler = None
+        return reason_of
 
     def reason_of(request, kv):
         return check_rejection(request, hook(request, kv, received=True))

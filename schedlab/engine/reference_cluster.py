@@ -39,8 +39,8 @@ from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
 from .stall import check_kv_released, stall_message
 from .transfer import (FIRST_TOKEN, KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, first_step_done,
-                       kv_bytes_per_token, kv_reservation, pool_reason, prefill_request, pull_keywords,
-                       pulled_counters, tokens_moved)
+                       kv_bytes_per_token, pool_reason, prefill_request, pull_keywords,
+                       pull_reservation, pulled_counters, tokens_moved)
 
 INF = math.inf
 
@@ -325,6 +325,13 @@ class PrefillRole:
     def first_token(self, inst: ReferenceEngine, seq: RefSequence) -> None:
         pass  # (its requests' first token is their prompt's: never a decode)
 
+    def held_transfers(self, index: int) -> list:
+        """The prompts instance ``index`` handed on whose KV no decode instance has pulled yet."""
+        waiting = list(self.cluster.handoffs)
+        for d in self.cluster.decode:
+            waiting += d.role.waiting_for_kv
+        return [tr for tr in waiting if tr.prefill_index == index]
+
 
 class DecodeRole:
     """Pulls handed-over requests' KV when there is room; they join the running set once landed."""
@@ -414,7 +421,7 @@ class DecodeRole:
             seq = tr.decode_seq
             prompt = seq.request.prompt_tokens
             hit = inst.prefix_hit(seq) if inst.prefix_hit is not None else 0
-            reserve = kv_reservation(inst.scheduler, seq.request)
+            reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest)
             received = pull_keywords(inst.kv)
             if headroom is not None:
                 need = inst.kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received)
@@ -505,9 +512,11 @@ class DisaggregatedReference(ReferenceCluster):
         if scaling is not None:
             scaling.arrived(t)
         inst.wake(t)
-        if inst.limit_request is not None:  # as the prefill instance serves it (max_model_len)
-            request = inst.limit_request(request, inst.kv)
+        # (the prefill instance serves the prompt with max_tokens = 1 as its limits cut it; the decode
+        # instance the client's request as its own cut it: vLLM's P/D proxy)
         first = prefill_request(request)
+        if inst.limit_request is not None:
+            first = inst.limit_request(first, inst.kv)
         decode0 = self.decode[0]
         # (the schedulers' rules, checked, or the default; with speculation its slack too, as ReferenceEngine.arrive)
         reason = pool_reason("prefill", inst.reason_of(first, inst.kv))
@@ -515,6 +524,8 @@ class DisaggregatedReference(ReferenceCluster):
             reason = pool_reason("prefill", inst.spec.rejection_reason(inst.reason_of, first, inst.kv, inst.longest))
         at = inst.index
         if not reason:  # (the decode pool is uniform: its first instance answers for it, and records it)
+            if decode0.limit_request is not None:
+                request = decode0.limit_request(request, decode0.kv)
             reason = pool_reason("decode", self.decode_reason(request, decode0.kv))
             if not reason and decode0.spec is not None:
                 reason = pool_reason("decode", decode0.spec.rejection_reason(self.decode_reason, request, decode0.kv,

@@ -17,6 +17,7 @@ import numbers
 
 from ..errors import SimulationError, brief
 from .sequence import ABORTED, FINISHED, REJECTED, WAITING
+from .transfer import held_hint
 
 
 def check_kv_counts(kv) -> None:
@@ -90,10 +91,15 @@ def stall_message(engine, why: str) -> str:
             f"{len(engine.waiting)} waiting, {len(running)} running, {len(engine.swapped)} swapped, "
             f"{free}/{kv.num_blocks} KV blocks free")
     decoding = [s for s in running if s.status == "decoding"]
+    # a disaggregated prefill instance's blocks of prompts handed on, not yet pulled (not a leak)
+    stage = getattr(engine, "stage", None) or getattr(engine, "role", None)
+    held = getattr(stage, "held", 0) if hasattr(stage, "held_transfers") else 0
     need = sum(kv.blocks_needed(s, 1) for s in decoding)
     if free < 0:
         text += (f"; KV cache {type(kv).__name__} reports fewer than no free blocks: its allocate() may have taken "
                  "more than it has")
+    elif not running and not engine.swapped and kv.num_used_blocks() > 0 and held:
+        text += held_hint(kv.num_used_blocks(), held, stage.held_transfers(engine.index))
     elif not running and not engine.swapped and kv.num_used_blocks() > 0:
         text += (f"; KV cache {type(kv).__name__} reports {kv.num_used_blocks()} used blocks with no request running "
                  "or swapped out: its free() may not release every block allocate() took (a leak)")

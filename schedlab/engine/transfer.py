@@ -266,3 +266,32 @@ def kv_reservation(scheduler, request) -> int:
     """Tokens of KV ``scheduler`` holds for ``request`` from admission (0: grown as computed)."""
     reserve = getattr(scheduler, "kv_reservation", None)
     return reserve(request) if reserve is not None else 0
+
+
+def pull_reservation(scheduler, request, spec, longest: int) -> int:
+    """Tokens of KV a decode instance holds for ``request`` when it pulls its prompt's KV, as an
+    admission there would (``Plan.admit``): its scheduler's :func:`kv_reservation` and, when that
+    is one and the instance speculates, the last step's drafts and lookahead slots
+    (``spec.slack``), no further than ``longest`` (max_model_len; 0: no limit). Without the slack
+    a reserving scheduler (static, TGI), which never preempts, stalled once its requests grew into
+    slots they never reserved (review specdisagg, finding 1). A pull itself takes no lookahead
+    slot (vLLM allocates none for remote KV)."""
+    reserve = kv_reservation(scheduler, request)
+    if reserve and spec is not None:
+        reserve += spec.slack
+        if longest and reserve > longest:
+            reserve = max(longest, request.prompt_tokens)
+    return reserve
+
+
+def held_hint(used: int, held: int, transfers) -> str:
+    """The stall hint of a prefill instance whose ``used`` blocks belong to ``held`` prompts it
+    handed on, not yet freed (``transfers``: those still waiting to be pulled): the decode side
+    has not pulled their KV, so that is where to look, not this cache (no leak)."""
+    waiting = list(transfers)
+    on = sorted({tr.decode_index for tr in waiting if tr.decode_index >= 0})
+    where = (f"decode instance{'s' if len(on) > 1 else ''} {', '.join(map(str, on))}" if on
+             else "the decode pool")
+    return (f"; its {used} used KV blocks belong to {held} prompt{'s' if held != 1 else ''} handed on to the decode "
+            f"pool, kept until pulled ({len(waiting)} waiting for {where} to pull them): the decode side is not "
+            "taking them -- look there, not at this cache")
