@@ -95,7 +95,7 @@ class Registry:
         doc = help or (factory.__doc__ or "").strip().split("\n")[0]
         self._entries[name] = Entry(self.kind, name, factory, config, doc, self._provider)
         problem = _unchecked_config(config) if config is not None and config not in self._warned else None
-        skipped = _allocate_past_grow(factory) if self.kind == "kv_cache" else None
+        skipped = allocate_past_grow(factory) if self.kind == "kv_cache" else None
         if skipped:
             plugin = f" (plugin {self._provider})" if self._provider != "?" else ""
             warnings.warn(f"{self.kind.replace('_', ' ')} {name!r}{plugin}: {skipped}", PluginConfigWarning,
@@ -178,7 +178,7 @@ def _is_frozen(cls: type) -> bool:
     return False
 
 
-def _allocate_past_grow(factory) -> str | None:
+def allocate_past_grow(factory) -> str | None:
     """When ``factory``, a KV cache class, overrides ``allocate`` but inherits ``grow`` (or
     ``allocate_decodes``) from a built-in cache: the fast engine takes decode steps' blocks
     through those, so the override is bypassed there (the reference engine calls ``allocate``,

@@ -396,9 +396,9 @@ CLUSTERS = {
 def test_a_rejection_reason_that_is_not_text(plugin, capsys, value, cluster, engine):
     """The whole run used to go on, then fail in the results code with a TypeError."""
     code, path = plugin(REJECTS.format(value=value), CLUSTERS[cluster], "run", engine)
-    assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'mistake': rejection_reason() returned {value} for request 2: a reason is text "
-        "(or None to accept)")
+    assert one_line(code, capsys.readouterr().err) == (  # (named: the message said only "rejection_reason()")
+        f"{path}: run 'mistake': scheduler 'yes-no' (plugin {path.stem}): rejection_reason() returned {value} for "
+        "request 2: a reason is text (or None to accept)")
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
@@ -449,7 +449,7 @@ SCHEDULING = {
 def test_schedule_returning_a_value(plugin, capsys, case, engine):
     """It used to be ignored, and the run stalled with its plans empty."""
     code, path = plugin(RETURNS, SCHEDULING[case], "run", engine)
-    cls = "AheadSched" if case == "planning ahead" else "Sched"  # (named: the message said only "schedule()")
+    name = "returns-a-plan-ahead" if case == "planning ahead" else "returns-a-plan"  # (the message said "schedule()")
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'mistake': {cls}.schedule() returned [0] (list): "
+        f"{path}: run 'mistake': scheduler {name!r} (plugin {path.stem}): schedule() returned [0] (list): "
         "a scheduler fills in the plan it is given (plan.admit, plan.decode_all, ...) and returns None")

@@ -312,8 +312,11 @@ class ContinuousScheduler:
         """Settings the run's cache makes moot (said once, as a warning): swap preemption with no
         swap space recomputes every victim (each refused swap counted in ``swap_failures``)."""
         if self.config.preemption == "swap" and not _has_swap_space(kv) and self.config.swap_full != "fail":
+            built_in = type(kv).__module__.partition(".")[0] == "schedlab_plugins"
+            how = ("[kv_cache] swap_space_gib or swap_blocks gives it some" if built_in else
+                   "a cache with swap space, swap_out() and swap_in(), gives it some")
             return [f"preemption = 'swap' and the KV cache ({type(kv).__name__}) has no swap space: every "
-                    "preemption recomputes ([kv_cache] swap_space_gib or swap_blocks gives it some)"]
+                    f"preemption recomputes ({how})"]
         return []
 
     def kv_problem(self, kv) -> str | None:

@@ -27,7 +27,7 @@ from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
 from .load import Release, load
 from .plan import (FastPlan, ask_scheduler, host_share, kv_for, limit_hook, model_len_limit,
-                   prefix_hits, rejection_hook, swapped_blocks)
+                   prefix_hits, refused_slot, rejection_hook, swapped_blocks)
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -701,7 +701,7 @@ class Instance:
         if fresh:
             for seq in fresh:
                 if not kv.allocate(seq, 1):
-                    raise SimulationError("KV cache refused a decode slot it had reported free")
+                    raise refused_slot(kv)
             fresh.clear()
         return True
 
@@ -785,7 +785,7 @@ class Instance:
             return False
         for s in decoding:
             if not kv.allocate(s, 1):
-                raise SimulationError("KV cache refused a decode slot it had reported free")
+                raise refused_slot(kv)
         self.window_fresh.clear()
         return True
 

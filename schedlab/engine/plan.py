@@ -76,14 +76,23 @@ class Refusals:
         return False
 
 
-def check_rejection(request, reason):
+def check_rejection(request, reason, scheduler=None):
     """``reason``, what a scheduler's ``rejection_reason`` said of ``request``: text rejects it, None
     (or another empty answer) accepts it. Anything else -- a ``True`` -- failed far away, in the
-    results code, once the whole run was over."""
+    results code, once the whole run was over (named by the scheduler's class: a run names the plugin)."""
     if reason and not isinstance(reason, str):
-        raise SimulationError(f"rejection_reason() returned {brief(reason)} for request {request.id}: "
+        who = f"scheduler {type(scheduler).__name__}: " if scheduler is not None else ""
+        raise SimulationError(f"{who}rejection_reason() returned {brief(reason)} for request {request.id}: "
                               "a reason is text (or None to accept)")
     return reason
+
+
+def refused_slot(kv) -> SimulationError:
+    """The error of a KV cache whose ``allocate`` refused a decode slot its ``blocks_needed`` and
+    ``num_free_blocks`` said fits: its accounting disagrees with itself (named by class, so a run
+    names the plugin)."""
+    return SimulationError(f"KV cache {type(kv).__name__} refused a decode slot it had reported free (its "
+                           "blocks_needed() and num_free_blocks() said it fits)")
 
 
 def rejection_hook(scheduler, default):
@@ -94,7 +103,7 @@ def rejection_hook(scheduler, default):
         return default
 
     def reason_of(request, kv):
-        return check_rejection(request, hook(request, kv))
+        return check_rejection(request, hook(request, kv), scheduler)
 
     reason_of.scheduler = scheduler  # (Speculation.rejection_reason asks how it prefills a prompt)
     return reason_of
@@ -278,7 +287,7 @@ def received_rejection_hook(scheduler, default):
         return reason_of
 
     def reason_of(request, kv):
-        return check_rejection(request, hook(request, kv, received=True))
+        return check_rejection(request, hook(request, kv, received=True), scheduler)
 
     return reason_of
 
@@ -385,7 +394,7 @@ def schedule_returned(result, scheduler=None) -> SimulationError:
     """The error for a scheduler's ``schedule(plan)`` that returned ``result``, not None (the engines
     test just that after each call): a scheduler fills in the plan it is given; what it returned
     would be dropped, and the run stall with its plans empty."""
-    who = f"{type(scheduler).__name__}." if scheduler is not None else ""
+    who = f"scheduler {type(scheduler).__name__}: " if scheduler is not None else ""
     return SimulationError(f"{who}schedule() returned {brief(result)} ({type(result).__name__}): a scheduler fills in "
                            "the plan it is given (plan.admit, plan.decode_all, ...) and returns None")
 
@@ -648,7 +657,7 @@ class FastPlan:
             for s in rest:
                 extra = extras[s]
                 if not self._cache.allocate(s, slots + extra):
-                    raise SimulationError("KV cache refused a decode slot it had reported free")
+                    raise refused_slot(self._cache)
                 drafts = own[s] if own else k
                 if extra or drafts != k:
                     self._override(s, drafts, slots + extra)

@@ -23,7 +23,7 @@ from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_dra
 from .clock import check_iteration_end, check_iteration_ms
 from .plan import (Refusals, admit_count_error, ask_scheduler, capped_slots, capped_verify,
                    check_counts, check_reason, check_wake, host_share, kv_for, limit_hook, model_len_limit, prefix_hits,
-                   refusal, rejection_hook, swapped_blocks)
+                   refusal, refused_slot, rejection_hook, swapped_blocks)
 from .load import Release, load
 from . import drain, run_limit
 from .recorder import Recorder
@@ -214,7 +214,7 @@ class RefPlan:
             return False
         for s in decoding:
             if not self._cache.allocate(s, slots[s]):
-                raise SimulationError("KV cache refused a decode slot it had reported free")
+                raise refused_slot(self._cache)
             self.drafts[s] = (verify[s] - 1, slots[s])
             self.num_scheduled_tokens += verify[s]
         self.decodes_all = True

@@ -80,6 +80,19 @@ def _whole_answer_hint(waiting, kv) -> str:
     return ""
 
 
+def _held_back_hint(waiting, kv, free: int) -> str:
+    """A cache with every block free and requests waiting that fit it: most likely the scheduler
+    holds them back until a time it never named, so the engine never asks it again."""
+    live = [s for s in waiting if getattr(s, "status", WAITING) not in (FINISHED, REJECTED, ABORTED)]
+    if free != kv.num_blocks or not live:  # (a queue keeping what left the run is said below)
+        return ""
+    ids = [str(s.request.id) for s in live[:5] if hasattr(s, "request")]
+    more = ", ..." if len(live) > 5 else ""
+    return (f"; the cache is empty and request{'s' if len(live) != 1 else ''} {', '.join(ids)}{more} wait: a "
+            "scheduler that holds requests back until some time must say when (plan.wake_at(time_ms) or "
+            "plan.wake_after(decode_steps)), or the engine, with nothing else to happen, never asks it again")
+
+
 def stall_message(engine, why: str) -> str:
     """The message for ``engine`` (an instance of either engine) stalled because of ``why``."""
     if not hasattr(engine, "scheduler"):  # (the reference engine behind its pipeline: ReferencePipeline.e)
@@ -108,7 +121,7 @@ def stall_message(engine, why: str) -> str:
                  "scheduler whose admissions do not reserve the whole answer must preempt (plan.preempt) when "
                  "decode_all() returns False")
     elif not running and not engine.swapped and len(engine.waiting):
-        text += _whole_answer_hint(engine.waiting, kv)
+        text += _whole_answer_hint(engine.waiting, kv) or _held_back_hint(engine.waiting, kv, free)
     left = sum(1 for s in engine.waiting if getattr(s, "status", WAITING) in (FINISHED, REJECTED, ABORTED))
     if left:  # (a queue whose remove() does nothing: the requests it shows are long done)
         text += (f"; {left} of the {len(engine.waiting)} in the waiting queue have left the run (finished, rejected "

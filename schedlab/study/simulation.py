@@ -47,6 +47,7 @@ from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError,
                       brief, entry_label, raised_by_plugin)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import Request, checked_requests
+from ..registry import PluginConfigWarning, allocate_past_grow
 from ..targets import TargetConfig, compare_with_real_run, incomparable_left_out
 from ..parallelism import SINGLE, LayoutError, Parallelism
 from ..results.metrics import request_met, warmup_count
@@ -461,6 +462,16 @@ def component_config(ctx: Context, kind: str, table: dict, where: str):
 _TABLE_AT_END = re.compile(r" \[[^\]]*\]$")
 
 
+def _warn_allocate_past_grow(entry, kv, source: str) -> None:
+    """A KV cache a factory function built whose class overrides ``allocate`` but inherits a
+    built-in cache's ``grow``: the fast engine would bypass the override (registering the class
+    itself warns at once, :func:`schedlab.registry.allocate_past_grow`; a factory, as the built-in
+    ``paged`` is registered, is only known by what it builds). Said of the file, not the run: once."""
+    skipped = allocate_past_grow(type(kv))
+    if skipped:
+        warnings.warn(f"{source}: {entry_label(entry)}: {skipped}", PluginConfigWarning, stacklevel=4)
+
+
 def build_component(ctx: Context, kind: str, table: dict, where: str, parallelism: Parallelism = SINGLE, **extra):
     """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``; the run's
     ``parallelism`` layout and ``extra`` go to factories that name them (a power model's
@@ -469,6 +480,8 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
     try:
         obj = _call_factory(entry.factory, config, ctx.presets, entry=entry, parallelism=parallelism, **extra)
         check_protocol(entry, obj)
+        if kind == "kv_cache" and not isinstance(entry.factory, type):  # (a class was checked when registered)
+            _warn_allocate_past_grow(entry, obj, ctx.source)
     except LayoutError as exc:  # the [cluster] layout, found by the component
         raise ConfigError(f"{_TABLE_AT_END.sub('', where)} [cluster]: {exc}") from None
     except (ConfigError, UnknownPluginError, WorkloadError) as exc:  # (a data file: its table and the experiment too)
@@ -1745,11 +1758,12 @@ def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recor
 def _plugin_named(exc: SchedlabError, spec: RunSpec, ctx: Context) -> SchedlabError:
     """``exc`` with the registered plugin named where the engines' checks of an answer name its
     kind or class alone (``cost model returned nan ms``, ``KV cache MyKV's allocate returned
-    None``, ``router Mine returned -1``): ``cost model 'mine' (plugin my_module) returned nan ms``.
+    None``, ``router Mine returned -1``, ``scheduler Mine: schedule() returned True``): ``cost
+    model 'mine' (plugin my_module) returned nan ms``.
     A class is found by its name among the kind's registered factories, else by the kind the
     run's table names."""
     text = str(exc)
-    found = re.match(r"(cost model)[ ']|(KV cache|router|autoscaler|power model) (\w+)[ ']", text)
+    found = re.match(r"(cost model)[ ']|(KV cache|router|autoscaler|power model|scheduler) (\w+)[ ':]", text)
     if found is None:
         return exc
     said = found[1] or found[2]

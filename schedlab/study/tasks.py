@@ -21,6 +21,7 @@ import attrs
 from ..capacity import Presets
 from ..catalog import BrokenPluginWarning, load_catalog
 from ..errors import InputWarning, RunWarning, SchedlabError
+from ..registry import PluginConfigWarning
 from ..results.records import RunResult
 from ..results.stream import RecordSettings
 from .simulation import Context, RunSpec, run
@@ -77,6 +78,7 @@ def execute(task: RunTask, context: Context | None = None, observer: Callable | 
             warnings.simplefilter("always", UserWarning)
             warnings.simplefilter("always", RuntimeWarning)
             warnings.simplefilter("ignore", InputWarning)  # (an input's assumption: said where the experiment loaded)
+            warnings.simplefilter("ignore", PluginConfigWarning)  # (a plugin's registration or build: said there too)
             ctx = context if context is not None else task.context.build()
             result = run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
     except SchedlabError as exc:
