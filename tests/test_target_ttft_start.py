@@ -11,6 +11,7 @@ simulated first token (and finish) less ``sent_ms + network_ms``, unless ``[targ
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -211,7 +212,9 @@ def test_calibrate_takes_the_target_tables_vllm_ttft_from(tmp_path, capsys):
         code, out, _ = _calibrate(tmp_path, capsys, *default)
         assert code == 0
         assert "mean |error| 0.00% over 1 statistic" in out
-        assert _fitted(out) == pytest.approx(0.1, abs=1e-4)
+        # the file's 0.1 already meets it: the fit keeps it, with nothing to paste
+        assert re.search(r"cost_model\.prefill_ms_per_token +0\.1 -> 0\.1 ", out), out
+        assert "# nothing to paste: the fit did not improve on the file's values" in out
 
 
 def test_calibrate_refuses_a_vllm_ttft_from_that_means_nothing(tmp_path, capsys):
