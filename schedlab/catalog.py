@@ -475,6 +475,8 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
                 raise error from None
             for kind, registry in registries.items():
                 registry.undo_since(marks[kind])
+            for kind in {kind for kind, _, _ in impls[id(plugin)]}:  # (an unknown name may have been its)
+                registries[kind].left_out.append(f"plugin {info.entry!r} of package {info.package}")
             pm.unregister(plugin)
             _warn_broken(info.entry, info.package, info.value, failed.error, f"failed in {failed.hook_name}")
     modules = (sys.modules.get(name) for name in extra_modules)

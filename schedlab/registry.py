@@ -64,6 +64,9 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._provider = "?"
         self._warned: set[type] = set()  # config classes warned about (one class may serve several names)
+        #: installed plugins of this kind left out while loading (their registration failed): an
+        #: unknown name then says so, as the name may have been theirs
+        self.left_out: list[str] = []
 
     def __call__(self, name: str, factory: Callable[..., Any], *, config: type | None = None, help: str = "") -> None:
         self.register(name, factory, config=config, help=help)
@@ -123,7 +126,9 @@ class Registry:
             known = ", ".join(sorted(self._entries)) or "(none)"
             hint = self._close_match(str(name))
             also = f" (did you mean {hint!r}?)" if hint else ""
-            raise UnknownPluginError(f"unknown {self.kind} {name!r}{also}; registered: {known}") from None
+            left = (f"; left out while loading, so their names are missing too (see the warning): "
+                    f"{', '.join(self.left_out)}") if self.left_out else ""
+            raise UnknownPluginError(f"unknown {self.kind} {name!r}{also}; registered: {known}{left}") from None
 
     def _close_match(self, name: str) -> str | None:
         """The registered name closest to ``name`` ignoring case (``EDF`` -> ``edf``), spelt as

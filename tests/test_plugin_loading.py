@@ -104,6 +104,15 @@ def test_an_installed_plugin_whose_registration_fails_is_left_out_whole(failing_
     assert any(w.startswith("plugin 'notattrs' of package schedlab-notattrs 0.2 (notattrs = notattrs_mod) "
                             "failed in schedlab_register_reports and is left out: TypeError: report "
                             "'notattrs-report': config must be an attrs class") for w in said), said
+    # a name it would have made is unknown, and the error says which plugins were left out (a review:
+    # the name of a plugin left out for another name's clash was missing without a word)
+    with pytest.raises(UnknownPluginError) as err:
+        schedulers.get("vllmclash-later")
+    assert str(err.value).endswith("; left out while loading, so their names are missing too (see the warning): "
+                                   "plugin 'vllmclash' of package schedlab-vllmclash 0.0.1, plugin 'notattrs' of "
+                                   "package schedlab-notattrs 0.2")
+    assert catalog["report"].left_out == ["plugin 'notattrs' of package schedlab-notattrs 0.2"]
+    assert catalog["cost_model"].left_out == []
     # left out of the plugin manager too: its other hooks are never called
     assert not any(getattr(p, "__name__", "") == "vllmclash_mod" for p in catalog.plugin_manager.get_plugins())
     catalog.hook.schedlab_run_started(run_name="x", settings={})
