@@ -103,9 +103,12 @@ def test_a_rank_chunk_of_part_pages_is_refused_saying_it_was_divided(tmp_path):
     text = path.read_text().replace('[kv_cache]\n', '[kv_cache]\nblock_size = 16\n')
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape("chunked_prefill_size = 24 (a rank's: the value divided by "
-                                                    "data_parallel = 4) is not a multiple of the page")):
+                                                    "data_parallel = 4) is not a multiple of the page")) as err:
         exp = load(path)
         assemble(exp.studies[0].base, exp.context, "x")
+    # (it said what is wrong, not what to change: a review)
+    assert str(err.value).endswith("set [kv_cache] block_size = 1 (SGLang's default page_size) or [scheduler] "
+                                   "chunked_prefill_size to a multiple, such as 16 (64 for the 4 ranks)")
 
 
 # -- finding 2: an explicit max_running_requests // dp ------------------------------------------------

@@ -545,8 +545,12 @@ class SglangScheduler:
         chunk, page = self.config.chunked_prefill_size, kv.block_size
         if chunk % page:
             rank = f" (a rank's: the value divided by data_parallel = {self.ranks})" if self.ranks > 1 else ""
+            whole = chunk - chunk % page
+            total = f" ({whole * self.ranks} for the {self.ranks} ranks)" if self.ranks > 1 else ""
             return (f"chunked_prefill_size = {chunk}{rank} is not a multiple of the page ({page} tokens, the KV "
-                    "cache's block_size), which SGLang refuses: chunks are whole pages")
+                    "cache's block_size), which SGLang refuses: chunks are whole pages; set [kv_cache] block_size "
+                    f"= 1 (SGLang's default page_size) or [scheduler] chunked_prefill_size to a multiple, such as "
+                    f"{whole}{total}")
         return None
 
     def limit_request(self, request, kv):
