@@ -18,6 +18,7 @@ from schedlab.cli import main
 from schedlab.errors import ConfigError
 from schedlab.study.experiment import load, run_experiment
 from schedlab.targets import Histogram, TargetWarning, bucket_quantile, read_summary, simulated
+from schedlab_plugins.reports.request_log import log_text
 
 #: The known costs of the "real" run (seed 001's linear model, with a per-sequence cost).
 TRUTH = {"decode_ms_per_step": 6.0, "per_seq_ms": 0.5, "prefill_ms_per_token": 0.04}
@@ -45,14 +46,9 @@ def truth_run(tmp_path):
 
 
 def write_log(tmp_path, run):
-    """The run as a vLLM per-request log (seconds)."""
-    r = run.requests
-    rows = [{"input_toks": int(r["prompt_tokens"][i]), "output_toks": int(r["generated_tokens"][i]),
-             "queued_ts": r["arrival_ms"][i] / 1e3, "scheduled_ts": r["first_scheduled_ms"][i] / 1e3,
-             "first_token_ts": r["first_token_ms"][i] / 1e3, "last_token_ts": r["finish_ms"][i] / 1e3}
-            for i in range(len(r["id"]))]
+    """The run as a vLLM per-request log (seconds), as the request_log report writes it."""
     path = tmp_path / "measured.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    path.write_text(log_text(run.requests))
     return path
 
 

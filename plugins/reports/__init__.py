@@ -1,5 +1,6 @@
 """Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots``, ``crossover``, ``goodput``
-per GPU, Perfetto ``trace`` files, the ``fleet`` day hour by hour and the seed ``lab`` artifacts."""
+per GPU, Perfetto ``trace`` files, ``request_log`` files (what ``vllm_log`` replays), the ``fleet`` day hour
+by hour and the seed ``lab`` artifacts."""
 
 import schedlab
 
@@ -9,6 +10,7 @@ from .goodput import GoodputConfig, GoodputReport
 from .lab import LabConfig, LabReport
 from .measured import CompareConfig, CompareReport
 from .plot_config import PlotsConfig
+from .request_log import RequestLogConfig, RequestLogReport
 from .store import JsonReport
 from .table import TableConfig, TableReport
 from .trace import TraceConfig, TraceReport
@@ -54,5 +56,8 @@ def schedlab_register_reports(register):
     register("trace", TraceReport, config=TraceConfig,
              help="traces/<run>.json: Chrome / Perfetto trace events -- iterations as slices, request spans, "
                   "KV and queue counters")
+    register("request_log", RequestLogReport, config=RequestLogConfig,
+             help="logs/<run>.jsonl: each run as a vLLM per-request log (the file vllm_log replays): a run "
+                  "of known settings as a calibration target")
     register("lab", LabReport, config=LabConfig,
              help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")
