@@ -268,6 +268,36 @@ def test_a_cluster_of_another_mode_replaces_the_table():
     assert nested == {"scheduler": {"x": {"mode": "b", "k": 1}}}
 
 
+def test_a_length_distribution_of_another_dist_replaces_the_table():
+    """A run switching its prompts from lognormal to uniform kept the default's median and
+    sigma, and was refused for keys it never wrote; the same dist merges."""
+    base = {"workload": {"kind": "synthetic", "prompt": {"dist": "lognormal", "median": 300, "sigma": 0.5}}}
+    merged = merge_tables(base, {"workload": {"prompt": {"dist": "uniform", "low": 100, "high": 900}}})
+    assert merged["workload"] == {"kind": "synthetic", "prompt": {"dist": "uniform", "low": 100, "high": 900}}
+    same = merge_tables(base, {"workload": {"prompt": {"dist": "lognormal", "sigma": 1.0}}})
+    assert same["workload"]["prompt"] == {"dist": "lognormal", "median": 300, "sigma": 1.0}
+
+
+def test_a_key_a_run_inherited_and_cannot_remove_is_said_to_be_inherited(tmp_path):
+    from schedlab.study.experiment import load
+
+    path = tmp_path / "runs.toml"
+    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 5\nrate = 1\n'
+                    'prompt = {dist = "lognormal", median = 300, sigma = 0.5}\noutput = {dist = "fixed", value = 5}\n'
+                    '[[runs]]\nname = "uniform"\nworkload = {prompt = {dist = "uniform", low = 100, high = 900}}\n'
+                    '[[runs]]\nname = "staged"\nworkload = {stages = [{rate = 1, duration_s = 5}]}\n')
+    with pytest.raises(ConfigError, match=r"\[\[runs\]\] 'staged' \[workload\]: num_requests: give either .*"
+                                          r"\(num_requests comes from the file's \[workload\] defaults: a \[\[runs\]\] "
+                                          r"entry merges over them and cannot remove a key"):
+        load(path)
+    # a key the run wrote itself is its own mistake: no such note
+    path.write_text(path.read_text().replace("{stages = [{rate = 1, duration_s = 5}]}",
+                                             "{num_requests = -1}"))
+    with pytest.raises(ConfigError, match="num_requests") as err:
+        load(path)
+    assert "defaults" not in str(err.value)
+
+
 def test_base_without_kind_merges_into_override_kind():
     base = {"scheduler": {"max_num_seqs": 64}}
     merged = merge_tables(base, {"scheduler": {"kind": "sarathi", "chunk": 512}})

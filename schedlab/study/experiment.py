@@ -255,6 +255,20 @@ def _blame_varied(exc: ConfigError, where: str, study: StudySpec, applied: list[
     return type(exc)(f"{message} (the {study.kind}'s values, with {', '.join(o.shown() for o in touching)})")
 
 
+def _blame_inherited(exc: ConfigError, where: str, defaults: dict, entry: dict) -> ConfigError:
+    """``exc`` about a key of a ``[[runs]]`` entry's table that the entry did not write but took from
+    the file's top-level defaults (an entry merges over them and cannot remove a key): says so."""
+    at = _AT_TABLE.match(str(exc), len(f"{where} [")) if str(exc).startswith(f"{where} [") else None
+    field = _FIELD.match(str(exc), at.end()) if at else None
+    if field is None:
+        return exc
+    parts = [*at[1].split("."), field[1]]
+    if _lookup(defaults, parts) is _NONE or _lookup(entry, parts) is not _NONE:
+        return exc
+    return type(exc)(f"{exc} ({field[1]} comes from the file's [{at[1]}] defaults: a [[runs]] entry merges over "
+                     "them and cannot remove a key -- move it into the runs that use it)")
+
+
 def _check_keys(table: dict, allowed: tuple, where: str) -> None:
     for key in table:
         if key not in allowed:
@@ -403,7 +417,11 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             others = functools.partial(_runs_taking, ctx, defaults, entries, name, every_run, targeted)
             blamed = _blame_set(exc, where, tables, applied, file_tables=file_tables, varied=study.keys,
                                 several_runs=len(entries) > 1, others=others)
-            raise (_blame_varied(exc, where, study, study_applied) if blamed is exc else blamed) from None
+            if blamed is exc:
+                blamed = _blame_varied(exc, where, study, study_applied)
+            if blamed is exc and raw.get("runs"):
+                blamed = _blame_inherited(exc, where, defaults, entry)
+            raise blamed from None
         try:
             if search_cfg is not None:
                 for constraint in search_cfg.parsed():

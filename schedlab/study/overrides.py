@@ -238,7 +238,8 @@ def merge_tables(base: dict, override: dict, *, where: str = "") -> dict:
 
     * if both sides name a ``kind`` and the kinds differ, the override table REPLACES the
       base table entirely -- settings of one plugin kind mean nothing to another; so does a
-      ``[cluster]`` that names another ``mode`` (a colocated run of a disaggregated default);
+      length distribution that names another ``dist`` and a ``[cluster]`` that names another
+      ``mode`` (a colocated run of a disaggregated default);
     * otherwise (same kind, or either side names none) the keys merge recursively and the
       override wins for each key. A table without ``kind`` keeps the base's kind; a base
       table without ``kind`` uses the default kind, which the override may name or change,
@@ -254,9 +255,10 @@ def merge_tables(base: dict, override: dict, *, where: str = "") -> dict:
 
 
 #: keys whose new value makes a table a new one, replacing the default's rather than merging
-#: with it: a plugin's ``kind`` anywhere; at the top, ``[cluster]``'s ``mode`` too (a colocated
+#: with it: a plugin's ``kind`` anywhere; a length distribution's ``dist`` (a lognormal's
+#: ``median`` means nothing to a uniform); at the top, ``[cluster]``'s ``mode`` too (a colocated
 #: run of a disaggregated default kept its [cluster.prefill] and [cluster.decode])
-_REPLACING = {True: ("kind",), False: ("kind", "mode")}
+_REPLACING = {True: ("kind", "dist"), False: ("kind", "mode")}
 
 
 def _merge(base: dict, override: dict, where: str, path: tuple[str, ...]) -> dict:
