@@ -59,6 +59,9 @@ def _check_request(req: "Request") -> None:
     if req.sent_ms is not None and not 0.0 <= req.sent_ms <= req.arrival_ms:  # also rejects NaN
         raise WorkloadError(f"request {req.id}: sent_ms must be from 0 to arrival_ms ({req.arrival_ms:g}), "
                             f"got {req.sent_ms:g}")
+    if req.due_ms is not None and not 0.0 <= req.due_ms <= req.sent_at:  # also rejects NaN
+        raise WorkloadError(f"request {req.id}: due_ms must be from 0 to when it was sent ({req.sent_at:g}), "
+                            f"got {req.due_ms:g}")
     if req.timeout_ms is not None and not req.timeout_ms > 0.0:  # also rejects NaN
         raise WorkloadError(f"request {req.id}: timeout_ms must be > 0 (leave it out for none), got {req.timeout_ms:g}")
 
@@ -88,6 +91,10 @@ class Request:
     :ivar sent_ms: when the client sent it, when that is earlier than ``arrival_ms`` (the
         network and the API server's front end lie in between, see :mod:`schedlab.frontend`);
         ``None``: at ``arrival_ms``.
+    :ivar due_ms: when the client meant to send it, when that is earlier than sending it: a
+        client capped at ``max_concurrency`` requests in flight holds a due request until a slot
+        frees (``vllm bench serve``'s ``client_queue_time``, :mod:`schedlab_plugins.workloads.capped`);
+        ``None``: when it was sent.
     :ivar timeout_ms: the client abandons the request this long after sending it unless its
         last token has arrived by then; the engine then aborts it (``None``: never).
     """
@@ -106,6 +113,7 @@ class Request:
     hash_block_tokens: int = 512
     sent_ms: float | None = None
     timeout_ms: float | None = None
+    due_ms: float | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_request(self)
@@ -121,6 +129,11 @@ class Request:
     def sent_at(self) -> float:
         """When the client sent the request (``arrival_ms`` unless ``sent_ms`` says earlier)."""
         return self.arrival_ms if self.sent_ms is None else self.sent_ms
+
+    @property
+    def due_at(self) -> float:
+        """When the client meant to send the request (when it sent it unless ``due_ms`` says earlier)."""
+        return self.sent_at if self.due_ms is None else self.due_ms
 
     @property
     def max_output_tokens(self) -> int:

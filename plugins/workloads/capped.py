@@ -4,8 +4,8 @@
 This is how ``vllm bench serve --max-concurrency N`` runs (``vllm/benchmarks/serve.py``): it
 creates every request's task when its arrival comes due and wraps the request in an
 ``asyncio.Semaphore(N)``, whose waiters are woken in order; the wait is the request's
-``client_queue_time``. With ``--request-rate inf`` every request is due at once, and the cap is
-a closed loop of N clients. inference-perf caps the same way with ``num_workers x
+``client_queue_time`` (schedlab's ``client.queue_ms``). With ``--request-rate inf`` every request is
+due at once, and the cap is a closed loop of N clients. inference-perf caps the same way with ``num_workers x
 worker_max_concurrency`` requests in flight. A slot frees when the client has the last byte
 of a request (or the request failed), so the capped workload is closed-loop: it hears of every
 finish, as the client side reports it (:mod:`schedlab.engine.client`), and passes it on to the
@@ -13,7 +13,9 @@ workload it caps when that one is closed-loop too (stages that each start after 
 one drains, :mod:`.stages`).
 
 Requests keep the ids and order of the capped workload (due order), which is the order they
-are sent in; a request that waited for a slot is sent, and arrives, when the slot frees.
+are sent in; a request that waited for a slot is sent, and arrives, when the slot frees, and keeps
+when it was due (``Request.due_ms``): its wait is the run's ``client.queue_ms``, and the run's
+stability is judged from when requests were due (a backlog at the client is a backlog).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class _CappedRun:
             if now_ms is not None and request.arrival_ms < now_ms:
                 delay = now_ms - request.arrival_ms
                 sent = None if request.sent_ms is None else request.sent_ms + delay
-                request = attrs.evolve(request, arrival_ms=now_ms, sent_ms=sent)
+                request = attrs.evolve(request, arrival_ms=now_ms, sent_ms=sent, due_ms=request.due_at)
             out.append(request)
         return out
 

@@ -24,7 +24,7 @@ from ..frontend import client_times
 REQUEST_FLOAT_COLUMNS = (
     "arrival_ms", "taken_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
     "kv_ready_ms", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms",
-    "client_done_ms",
+    "client_done_ms", "due_ms",
 )
 REQUEST_INT_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
@@ -35,7 +35,8 @@ REQUEST_INT_COLUMNS = (
 # after its arrival, schedlab.engine.taking); -1 for a request turned away or given up on before.
 # The client's view (schedlab.frontend): when the client sent the request, received its first
 # byte and its last (or gave up: timed_out); -1 for rejected requests. finish_ms of an aborted
-# request is when the engine aborted it (its KV blocks freed).
+# request is when the engine aborted it (its KV blocks freed). due_ms: when the client meant to send
+# it (a capped client holds it until a slot frees: Request.due_ms), sent_ms if it did not wait.
 # Disaggregated serving (see schedlab.engine.transfer): the prefill instance, the KV bytes moved,
 # when the prefill instance handed the prompt over, when the decode side allocated the blocks and
 # started pulling, when they arrived, and when the request joined the decode instance's running
@@ -106,6 +107,7 @@ ROW_COLUMNS = (
     "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
     "request_class", "client", "prefill_instance", "kv_bytes", "kv_ready_ms", "kv_pulled_ms", "kv_landed_ms",
     "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "aborted", "timed_out",
+    "due_ms",
 )
 _FLUSH_ROWS = 1 << 15
 
@@ -160,7 +162,7 @@ class Recorder:
             seq.num_preemptions, seq.recomputed_tokens, seq.prefill_chunks, seq.cached_tokens_total, seq.num_swaps,
             1 if rejected else 0, r.request_class, r.client,
             *(NO_TRANSFER if tr is None else tr.row()), seq.energy_j,
-            r.sent_at, client[0], client[1], 1 if aborted else 0, 1 if client[2] else 0,
+            r.sent_at, client[0], client[1], 1 if aborted else 0, 1 if client[2] else 0, r.due_at,
         ))
         self.recorded += 1
         if self.listener is not None:

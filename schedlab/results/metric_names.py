@@ -39,7 +39,8 @@ _STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "
 
 #: an autoscaler's decisions (schedlab.results.metrics._fleet)
 FLEET = ("gpu_hours", "mean_gpus", "peak_serving", "min_serving", "scale_ups", "scale_downs")
-_CLIENT = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ntpot_ms", "frontend_ms")}
+_CLIENT = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ntpot_ms", "frontend_ms", "queue_ms",
+                                      "e2el_incl_queue_ms")}
 
 METRICS: dict = {
     **dict.fromkeys(("requests", "finished", "rejected", "timed_out", "aborted", "makespan_ms", "throughput_tps", "request_throughput_rps",

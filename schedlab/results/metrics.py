@@ -290,10 +290,13 @@ def client_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per completed request, as its client sees it (:mod:`schedlab.frontend`), from sending it:
     ``ttft_ms`` (to the first byte), ``tpot_ms``, ``e2el_ms`` (to the last byte) -- ``vllm bench
     serve``'s TTFT, TPOT and E2EL --, ``ntpot_ms`` (E2EL per output token, inference-perf's
-    normalized time per output token) and ``frontend_ms`` (sent -> the engine's queue: the
-    network and the API server). Without a front end they are the engine's latencies."""
+    normalized time per output token), ``frontend_ms`` (sent -> the engine's queue: the
+    network and the API server), ``queue_ms`` (due -> sent: a capped client's wait for a slot,
+    ``vllm bench serve``'s ``client_queue_time``) and ``e2el_incl_queue_ms`` (due -> the last byte,
+    its ``e2el_including_client_queue``). Without a front end they are the engine's latencies."""
     ok = completed(req)
     sent = req["sent_ms"][ok] if "sent_ms" in req else req["arrival_ms"][ok]
+    due = req["due_ms"][ok] if "due_ms" in req else sent
     first = req["client_first_ms"][ok] if "client_first_ms" in req else req["first_token_ms"][ok]
     done = req["client_done_ms"][ok] if "client_done_ms" in req else req["finish_ms"][ok]
     generated = req["generated_tokens"][ok]
@@ -304,6 +307,8 @@ def client_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "e2el_ms": done - sent,
         "ntpot_ms": (done - sent) / generated,
         "frontend_ms": req["arrival_ms"][ok] - sent,
+        "queue_ms": sent - due,
+        "e2el_incl_queue_ms": done - due,
     }
 
 

@@ -200,7 +200,8 @@ def run_stability(req: dict[str, np.ndarray], instances: int = 1) -> tuple[dict[
     The run is ``unstable`` when its (summed) queue or any instance's is; ``unstable_instances``
     lists the instances flagged.
     """
-    arrival = req["arrival_ms"]
+    # a capped client's backlog is a backlog: a request counts as waiting from when it was due
+    arrival = req["arrival_ms"] - (req["sent_ms"] - req["due_ms"]) if "due_ms" in req else req["arrival_ms"]
     admitted = admission_times(req)
     served = req["rejected"] == 0       # left at finish_ms: finished or aborted
     finished = served if "aborted" not in req else served & (req["aborted"] == 0)  # completions

@@ -51,7 +51,7 @@ REQUEST_COLUMNS = (
     "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
     "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_ready_ms", "kv_pulled_ms",
     "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "client_ttft_ms",
-    "client_e2el_ms", "aborted", "timed_out", "reason",
+    "client_e2el_ms", "aborted", "timed_out", "due_ms", "client_queue_ms", "reason",
 )
 TIMELINE_COLUMNS = ("run",) + TIMELINE
 
@@ -215,6 +215,8 @@ def request_rows(run: RunResult):
     client_ttft = np.where(ok, r["client_first_ms"] - r["sent_ms"], np.nan)
     client_e2el = np.where(ok, r["client_done_ms"] - r["sent_ms"], np.nan)
     taken = r["taken_ms"] if "taken_ms" in r else np.full(n, np.nan)  # (results saved before it was recorded)
+    due = r["due_ms"] if "due_ms" in r else r["sent_ms"]   # (results saved before it was recorded)
+    client_queue = r["sent_ms"] - due   # (a capped client's wait for a slot)
     cols = [r["id"], r["instance"], r["request_class"], r["client"], r["priority"], r["arrival_ms"], taken,
             r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
@@ -222,7 +224,7 @@ def request_rows(run: RunResult):
             r["prefill_instance"], r["kv_bytes"], r["kv_ready_ms"], r["kv_pulled_ms"], r["kv_landed_ms"],
             r["decode_joined_ms"],
             r["energy_j"], r["sent_ms"], r["client_first_ms"], r["client_done_ms"], client_ttft, client_e2el,
-            r["aborted"], r["timed_out"]]
+            r["aborted"], r["timed_out"], due, client_queue]
     lists = [c.tolist() for c in cols]
     for i in range(n):
         row = [run.name] + [_fmt(c[i]) for c in lists]
@@ -524,6 +526,8 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
         for c, engine_column in client_view.items():  # older results: the engine's times (no front end)
             req[c] = (np.array([_num(r[index[c]], float) for r in rrows], dtype=float) if c in index
                       else req[engine_column].copy())
+        req["due_ms"] = (np.array([_num(r[index["due_ms"]], float) for r in rrows], dtype=float)
+                         if "due_ms" in index else req["sent_ms"].copy())   # (older results: sent when due)
         for c in ("request_class", "client"):
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}

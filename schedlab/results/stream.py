@@ -41,7 +41,7 @@ from .sketch import Summary
 SAMPLE_ROWS = 20_000
 ROW_FORMATS = ("parquet", "csv")
 LATENCIES = LATENCY_NAMES
-CLIENT_LATENCIES = ("ttft_ms", "tpot_ms", "e2el_ms", "ntpot_ms", "frontend_ms")
+CLIENT_LATENCIES = ("ttft_ms", "tpot_ms", "e2el_ms", "ntpot_ms", "frontend_ms", "queue_ms", "e2el_incl_queue_ms")
 _HASH = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -257,9 +257,12 @@ class StreamedRequests:
         if self.client_side:
             for name, values in client_latencies(req).items():
                 self.client[name].add(values)
-        else:  # only E2E per output token is the client's own
+        else:  # only E2E per output token and a capped client's wait are the client's own
             generated = req["generated_tokens"][ok]
             self.client["ntpot_ms"].add(lat["e2e_ms"] / generated)
+            waited = (req["sent_ms"][ok] - req["due_ms"][ok]) if "due_ms" in req else np.zeros(int(ok.sum()))
+            self.client["queue_ms"].add(waited)
+            self.client["e2el_incl_queue_ms"].add(lat["e2e_ms"] + waited)
         if self.metered:
             self.energy.add(req, ok)
         hours = arrival_hours(req["arrival_ms"])

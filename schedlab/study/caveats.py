@@ -32,7 +32,7 @@ _COUNTS_FAILED = frozenset({"attainment", "goodput_rps"})
 _CLIENT_SIDE = {"ttft_ms": "client.ttft_ms", "tpot_ms": "client.tpot_ms", "e2e_ms": "client.e2el_ms"}
 _NOUNS = {"ttft_ms": "TTFTs", "tpot_ms": "TPOTs", "e2e_ms": "end-to-end latencies", "e2el_ms": "end-to-end latencies",
           "queue_ms": "queue times", "loop_queue_ms": "queue times", "ntpot_ms": "normalized TPOTs",
-          "frontend_ms": "front-end times"}
+          "frontend_ms": "front-end times", "e2el_incl_queue_ms": "end-to-end latencies with the client's wait"}
 _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
