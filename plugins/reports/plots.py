@@ -38,6 +38,7 @@ import attrs
 from matplotlib.figure import Figure
 
 from schedlab.errors import ConfigError
+from schedlab.results.file_names import UniqueStems, safe_stem
 from schedlab.results.storage import atomic_write
 
 from .plot_config import PlotsConfig
@@ -47,7 +48,6 @@ from .plot_plan import plan_figure
 from .plot_search import search_figure
 from .plot_sweep import overlay_figure, sweep_figure
 from .plot_timeline import has_timeline, timeline_figure
-from .names import safe_stem
 
 FOLDER = "plots"
 @attrs.frozen
@@ -122,16 +122,8 @@ def plan(results, config: PlotsConfig | None = None) -> list[PlannedFigure]:
             items.append((f"plan_{safe_stem(study.name)}", _bind(plan_figure, study, dpi)))
     for run in timeline_runs(results, config.max_timelines):
         items.append((f"timeline_{safe_stem(run.name)}", _bind(timeline_figure, run, dpi)))
-    used: set[str] = set()
-    planned = []
-    for stem, draw in items:
-        unique, n = stem, 1
-        while unique.lower() in used:  # case-insensitive file systems too
-            n += 1
-            unique = f"{stem}-{n}"
-        used.add(unique.lower())
-        planned.append(PlannedFigure(f"{unique}.png", draw))
-    return planned
+    stems = UniqueStems()  # (case-insensitive file systems too)
+    return [PlannedFigure(f"{stems.take(stem)}.png", draw) for stem, draw in items]
 
 
 def _overlay_study(results, overlay: str, name: str):

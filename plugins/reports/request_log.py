@@ -25,9 +25,8 @@ import numpy as np
 
 from schedlab.configs import int_field
 from schedlab.errors import RunWarning
+from schedlab.results.file_names import UniqueStems, safe_stem
 from schedlab.results.storage import atomic_write
-
-from .names import safe_stem
 
 #: The per-request columns a line is made from (a run that lacks one cannot be written).
 COLUMNS = ("id", "prompt_tokens", "generated_tokens", "arrival_ms", "taken_ms", "first_scheduled_ms",
@@ -47,13 +46,10 @@ class RequestLogReport:
 
     def write(self, results, out_dir) -> list[Path]:
         written = []
-        used: set[str] = set()
+        stems = UniqueStems()
         cached = []
         for run in results.all_runs()[:self.config.max_runs]:
-            stem = safe_stem(run.name)
-            while stem in used:
-                stem += "_"
-            used.add(stem)
+            stem = stems.take(safe_stem(run.name))
             requests = run.all_requests()
             path = Path(out_dir) / "logs" / f"{stem}.jsonl"
             atomic_write(path, log_text(requests))

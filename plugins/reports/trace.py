@@ -28,9 +28,8 @@ import attrs
 import numpy as np
 
 from schedlab.configs import bool_field, int_field
+from schedlab.results.file_names import UniqueStems, safe_stem
 from schedlab.results.storage import atomic_write
-
-from .names import safe_stem
 
 ITERATIONS_TID = 1
 REQUESTS_CAT = "request"
@@ -52,12 +51,9 @@ class TraceReport:
     def write(self, results, out_dir) -> list[Path]:
         written = []
         runs = [r for r in results.all_runs() if r.timeline.get("time_ms", np.empty(0)).size]
-        used: set[str] = set()
+        stems = UniqueStems()
         for run in runs[:self.config.max_runs]:
-            stem = safe_stem(run.name)
-            while stem in used:
-                stem += "_"
-            used.add(stem)
+            stem = stems.take(safe_stem(run.name))
             path = Path(out_dir) / "traces" / f"{stem}.json"
             atomic_write(path, json.dumps(trace_events(run, self.config), separators=(",", ":")))
             written.append(path)

@@ -28,7 +28,6 @@ import io
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -43,6 +42,7 @@ from ..errors import SchedlabError
 from .folder import remove_abandoned, staging_prefix, usual_mode
 from .metrics import completed, request_latencies
 from .records import ExperimentResults, RunResult, Study
+from .file_names import UniqueStems, safe_stem
 from .stream import SPOOL_PREFIX
 
 REQUEST_COLUMNS = (
@@ -271,9 +271,11 @@ def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
     return written
 
 
-def rows_file_name(run_name: str, suffix: str) -> str:
-    """The file, in a results folder's ``requests/``, of a streamed run's every request."""
-    return re.sub(r"[^A-Za-z0-9_.=#,+-]", "_", run_name) + suffix
+def rows_file_name(run_name: str, suffix: str, stems: UniqueStems | None = None) -> str:
+    """The file, in a results folder's ``requests/``, of a streamed run's every request: the run's
+    name made safe and short (:mod:`.file_names`), unique among ``stems`` given so far."""
+    stem = safe_stem(run_name)
+    return (stems.take(stem) if stems is not None else stem) + suffix
 
 
 def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
@@ -282,10 +284,11 @@ def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
     rows can be gigabytes) is moved, not copied, and the run points at its new place; one
     already in a results folder is copied. Either gets the usual permissions (0666 less the umask)."""
     written = []
+    stems = UniqueStems()
     for run in runs:
         if run.rows_file and os.path.exists(run.rows_file):
             source = Path(run.rows_file)
-            path = out / "requests" / rows_file_name(run.name, source.suffix)
+            path = out / "requests" / rows_file_name(run.name, source.suffix, stems)
             if source.resolve() == path.resolve():
                 written.append(path)
                 continue
