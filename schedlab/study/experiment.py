@@ -53,10 +53,11 @@ from .executor import InProcessExecutor
 from .overrides import (axis_of, check_key, get_dotted, merge_tables, parse_assignment, run_key_part, set_axis,
                         set_dotted, split_run_key)
 from .planner import PlanConfig, validate as validate_plan
+from .replicas import replica_name
 from .runner import run_studies
 from .simulation import DEFAULT_TABLES, ENGINES, Context, RunSpec, assemble, component_config
 from .spec import RUN_TABLES, SearchConfig, StudySpec, check_slo, point_spec
-from .sweep import expand_sweep
+from .sweep import expand_sweep, point_label
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
              "power", "clock", "frontend", "client", "target", "models", "gpus", "sweep", "search", "plan", "runs",
@@ -265,6 +266,8 @@ def _blame_inherited(exc: ConfigError, where: str, defaults: dict, entry: dict) 
     parts = [*at[1].split("."), field[1]]
     if _lookup(defaults, parts) is _NONE or _lookup(entry, parts) is not _NONE:
         return exc
+    if not isinstance(_lookup(entry, parts[:-1]), dict):  # the run wrote nothing in that table: not its doing
+        return exc
     return type(exc)(f"{exc} ({field[1]} comes from the file's [{at[1]}] defaults: a [[runs]] entry merges over "
                      "them and cannot remove a key -- move it into the runs that use it)")
 
@@ -430,6 +433,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             raise blame_study(exc) from None
         studies.append(study)
 
+    _check_run_names(studies, source)
     report_tables = raw.get("reports", {})
     if not isinstance(report_tables, dict):
         raise ConfigError(f"{source}: [reports] must be a table of report settings")
@@ -717,7 +721,7 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
             search = study.search
             if search is None or search.integer or not isinstance(search.low, int) or "whole number" not in str(exc):
                 said = any(word in str(exc) for word in ("--set", "point", "sweep", "search's values"))
-                if point and not said:  # say which point of the sweep or search set the value
+                if point and not said and _point_sets(exc, where, point):  # say which point set the value
                     setting = ", ".join(f"{key} = {value!r}" for key, value in point.items())
                     raise ConfigError(f"{exc} (at the {'sweep' if study.sweep is not None else 'search'}'s "
                                     f"point {setting})") from None
@@ -725,6 +729,46 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
             raise ConfigError(f"{where} [search]: tolerance: {search.key} takes whole numbers, and a tolerance "
                               f"makes the search probe real ones ({float(search.low)}, ...); drop it: a search "
                               "over whole numbers finds the exact boundary") from None
+
+
+def _point_sets(exc: ConfigError, where: str, point: dict) -> bool:
+    """Whether the key ``exc`` is about is one ``point`` sets, or inside or around one (True when the
+    message names no key): an error in a table the sweep does not touch is not the point's."""
+    at = _AT_TABLE.match(str(exc), len(f"{where} [")) if str(exc).startswith(f"{where} [") else None
+    field = _FIELD.match(str(exc), at.end()) if at else None
+    if field is None:
+        return True
+    key = f"{at[1]}.{field[1]}"
+    return any(_within(key, k) or _within(k, key) for k in point)
+
+
+def _check_run_names(studies: list[StudySpec], source: str) -> None:
+    """Refuse two runs of one name among those the file's studies make: sweep points
+    (``name[rate=5]``), replicas (``name#2``) and a search's probes (``name[rate=...]``) beside
+    ``[[runs]]`` names -- results are kept by run name (config.json, requests.csv)."""
+    made: dict[str, str] = {}
+    probes: list[tuple[str, str]] = []
+    for study in studies:
+        if study.search is not None:
+            probes.append((f"{study.name}[{point_label({study.search.key: 0}).split('=')[0]}=", study.name))
+        names = ([point_spec(study, point).name for point in study.sweep] if study.sweep is not None
+                 else [study.name])
+        if study.replicas > 1:
+            names += [replica_name(name, k) for name in names for k in range(study.replicas)]
+        for name in names:
+            if name in made and made[name] != study.name:
+                raise ConfigError(f"{source}: two runs would be named {name!r}: {_whose(name, made[name])} and "
+                                  f"{_whose(name, study.name)}; results are kept by run name: rename one entry")
+            made[name] = study.name
+    for prefix, owner in probes:
+        clash = next((name for name, study in made.items() if name.startswith(prefix) and study != owner), None)
+        if clash is not None:
+            raise ConfigError(f"{source}: {_whose(clash, made[clash])} is named as the probes of [[runs]] {owner!r}'s "
+                              f"search are ({prefix}...]); results are kept by run name: rename one entry")
+
+
+def _whose(name: str, study: str) -> str:
+    return f"[[runs]] {study!r}" if name == study else f"a sweep point or replica of [[runs]] {study!r}"
 
 
 def run_experiment(exp: Experiment, *, observer: Callable | None = None,
