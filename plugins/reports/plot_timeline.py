@@ -4,7 +4,9 @@ Three stacked panels share the time axis (seconds) -- four in a run with ``[powe
 last panel is the GPUs' power of each instance (:func:`schedlab.energy.timeline.power_steps`:
 each row's energy over its duration while iterations run, standby and then idle power
 between them; its integral is the run's energy). Lines are steps: each timeline sample is
-the state during the iteration starting at its time, so it holds until the next sample. The
+the state during the iteration starting at its time, so it holds until the next sample -- or,
+when the engine went idle before it, until the iteration ended: from there the running and
+waiting counts are the requests' own (an idle engine drawn idle; colocated runs). The
 last sample of an instance is held until that instance's last request finished, so the final
 iteration (or bulk decode run) keeps its width. KV usage is the fraction of an instance's
 blocks in use; the run's cumulative preemptions are a second (red) axis on the KV panel.
@@ -20,7 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from schedlab.results.stability import stability_text
+from schedlab.results.stability import admission_times, stability_text, waiting_at
 
 from .plot_common import STABILITY_STYLES, fmt_number, fmt_percent, line_style, metric_value, new_figure, \
     stability_verdict, titles
@@ -53,6 +55,7 @@ def instance_series(run) -> list[tuple[int, dict[str, np.ndarray]]]:
     t = run.timeline
     per_instance = _blocks_per_instance(run)
     finished = run.requests["rejected"] == 0
+    colocated = not np.any(run.requests.get("prefill_instance", np.empty(0)) >= 0)
     out = []
     for inst in np.unique(t["instance"]):
         sel = t["instance"] == inst
@@ -60,6 +63,9 @@ def instance_series(run) -> list[tuple[int, dict[str, np.ndarray]]]:
         time_ms = t["time_ms"][sel][order]
         cols = {name: t[name][sel][order] for name in ("running", "waiting", "kv_used")}
         mine = finished & (run.requests["instance"] == int(inst))
+        if "duration_ms" in t and colocated:
+            time_ms, cols = _with_idle_gaps(time_ms, t["duration_ms"][sel][order], cols, run.requests,
+                                            run.requests["instance"] == int(inst))
         end = float(run.requests["finish_ms"][mine].max()) if mine.any() else float(time_ms[-1])
         if end > time_ms[-1]:
             time_ms = np.append(time_ms, end)
@@ -68,6 +74,26 @@ def instance_series(run) -> list[tuple[int, dict[str, np.ndarray]]]:
             cols["kv_used"] = cols["kv_used"] / per_instance
         out.append((int(inst), {"time_s": time_ms / 1e3, **cols}))
     return out
+
+
+def _with_idle_gaps(time_ms: np.ndarray, duration_ms: np.ndarray, cols: dict, req: dict, mine: np.ndarray):
+    """The samples with one more where an iteration ended before the next began (the engine idle):
+    running and waiting there from the instance's requests -- scheduled and not yet finished, arrived
+    and not yet scheduled -- so an idle engine is drawn idle, not holding its last batch. KV usage
+    holds (a prefix cache keeps its blocks)."""
+    ends = time_ms + duration_ms
+    gap = np.flatnonzero(ends[:-1] < time_ms[1:])
+    if not gap.size:
+        return time_ms, cols
+    at = ends[gap]
+    scheduled = mine & (req["first_scheduled_ms"] >= 0)
+    running = (np.searchsorted(np.sort(req["first_scheduled_ms"][scheduled]), at, "right")
+               - np.searchsorted(np.sort(req["finish_ms"][scheduled]), at, "right"))
+    waiting = waiting_at(np.sort(req["arrival_ms"][mine]), np.sort(admission_times(req)[mine]), at)
+    added = {"running": running, "waiting": waiting, "kv_used": cols["kv_used"][gap]}
+    order = np.argsort(np.concatenate((time_ms, at)), kind="stable")
+    return (np.concatenate((time_ms, at))[order],
+            {name: np.concatenate((v, added[name])).astype(float)[order] for name, v in cols.items()})
 
 
 def preemption_steps(run) -> tuple[np.ndarray, np.ndarray]:
