@@ -368,9 +368,10 @@ def test_sglang_queue_limit_trades_requests_turned_away_for_the_served_ones_ttft
     runs = {r.name: r for r in results.all_runs()}
     rejected = {name: r.metrics["rejected"] for name, r in runs.items()}
     ttft = {name: metric(r, "ttft_ms.p99") for name, r in runs.items()}
-    # a shorter queue turns more away and keeps the served requests' first tokens sooner
+    # a shorter queue turns more away and keeps the served requests' first tokens sooner (no limit
+    # against 64: 1.37x since each stage draws its own requests, 1.79x before)
     assert rejected["no_limit"] == 0 < rejected["queue_64"] < rejected["queue_16"] < rejected["queue_4"]
-    assert ttft["no_limit"] > 1.5 * ttft["queue_64"] > 1.5 * ttft["queue_16"] > 1.5 * ttft["queue_4"]
+    assert ttft["no_limit"] > 1.25 * ttft["queue_64"] > 1.5 * ttft["queue_16"] > 1.5 * ttft["queue_4"]
     assert ttft["queue_16"] < 2000 < ttft["queue_64"]
     # the SLO counts a request turned away as missed: a short queue gains, the shortest gives some back
     goodput = {name: metric(r, "slo.goodput_rps") for name, r in runs.items()}

@@ -834,16 +834,17 @@ def test_a_diurnal_day_has_each_hours_rate():
 
 
 def test_a_part_of_a_day_has_its_hours_rates_and_count():
-    """mean_rate is a whole day's mean: two hours around a peak at 1 am run at 1.59x it (the
-    cosine's weight there, 1 + 0.6 cos(pi / 24) over the day's mean of 1), and the workload's
-    expected count says so (the progress bar and the limits read it)."""
+    """mean_rate is a whole day's mean: the two hours up to a peak at 1 am run at 1.6x it (hour 1,
+    the peak) and 1 + 0.6 cos(pi / 12) = 1.58x (hour 0: the cosine at each hour's start, over the
+    day's mean of 1), and the workload's expected count says so (the progress bar and the limits
+    read it)."""
     from schedlab_plugins.workloads.diurnal import DiurnalConfig, make_diurnal_workload
 
     config = DiurnalConfig(mean_rate=5.0, hours=2, peak_hour=1.0, prompt={"dist": "fixed", "value": 4},
                            output={"dist": "fixed", "value": 4})
-    weight = 1 + 0.6 * np.cos(np.pi / 24)
+    weights = [1 + 0.6 * np.cos(np.pi / 12), 1.6]
     workload = make_diurnal_workload(config)
-    assert workload.num_requests == round(2 * 3600 * 5.0 * weight)
+    assert workload.num_requests == round(3600 * 5.0 * sum(weights))
     drawn = sum(1 for _ in workload.requests(3))
     assert abs(drawn - workload.num_requests) <= 5 * np.sqrt(workload.num_requests)
 
@@ -1031,7 +1032,8 @@ def test_the_fleet_report_of_replicas_whose_last_hours_differ_counts_a_missing_h
     from schedlab_plugins.reports.fleet import FleetReport
 
     day = Path(__file__).resolve().parents[1] / "experiments" / "fleet_day.toml"
-    results = run_experiment(load(day, ["workload.hours=3", "workload.mean_rate=0.5", "cluster.instances=3",
+    # (0.45/s: at 0.5 neither replica drains past 3:00 since the cosine day is taken at each hour's start)
+    results = run_experiment(load(day, ["workload.hours=3", "workload.mean_rate=0.45", "cluster.instances=3",
                                         "experiment.replicas=2"]))
     for run in results.all_runs():
         first, second = (r.metrics["hourly"] for r in run.replicas)

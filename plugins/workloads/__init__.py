@@ -76,8 +76,9 @@ def schedlab_register_workloads(register) -> None:
                   "sharing from the prompts' text; measured latencies kept for comparison")
     register("guidellm", make_guidellm_workload, config=GuidellmConfig,
              help="one benchmark of a guidellm JSON report: its requests at their start times (synchronous and "
-                  "concurrent benchmarks as closed loops of their streams), prefix sharing from the prompts' text; "
-                  "measured latencies kept for comparison")
+                  "concurrent benchmarks as closed loops of their streams, throughput of its max_concurrency, "
+                  "constant and poisson capped by theirs), prefix sharing from the prompts' text; measured "
+                  "latencies kept for comparison")
     # A registry can look up any workload, including plugins'; a bare callable cannot.
     lookup = registry_lookup(register) if hasattr(register, "get") else builtin_lookup
     register("mix", functools.partial(make_mix_workload, lookup=lookup), config=MixConfig,

@@ -36,6 +36,7 @@ OUTPUT_STREAM = 2
 SHARING_STREAM = 3
 GROUP_STREAM = 4
 JITTER_STREAM = 5
+STAGE_STREAM = 6
 
 
 def stream_rng(seed: int, stream: int) -> np.random.Generator:

@@ -78,6 +78,21 @@ class RequestColumns:
         )
 
 
+def concat_columns(parts: list[RequestColumns]) -> RequestColumns:
+    """The requests of ``parts`` one after the other (each part with the same fields)."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    if any(set(p.per_row) != set(first.per_row) or p.constant != first.constant for p in parts):
+        raise ValueError("concat_columns: every part must have the same per-row fields and constants")
+    return RequestColumns(
+        np.concatenate([p.prompt_tokens for p in parts]),
+        np.concatenate([p.output_tokens for p in parts]),
+        {k: [v for p in parts for v in p.per_row[k]] for k in first.per_row},
+        dict(first.constant),
+    )
+
+
 def per_row_or_none(values: list | None, field: str) -> list | None:
     """``values`` with missing entries (None) replaced by the Request default of ``field``."""
     if values is None:

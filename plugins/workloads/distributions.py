@@ -4,7 +4,7 @@
 
     prompt = {dist = "fixed", value = 512}
     prompt = {dist = "uniform", low = 100, high = 900}            # whole numbers, both ends included
-    prompt = {dist = "lognormal", median = 600, sigma = 0.8, low = 1, high = 8192}   # clipped
+    prompt = {dist = "lognormal", median = 600, sigma = 0.8, low = 1, high = 8192}   # clipped; low <= median <= high
     output = {dist = "empirical", path = "sharegpt_stats.csv", column = "num_decode_tokens"}
 
 ``empirical`` samples uniformly from the values of one column of a CSV, JSON or JSONL file,
@@ -197,7 +197,13 @@ def parse_distribution(table: Any, *, field: str) -> Distribution:
         high = whole("high") if "high" in table else None
         if high is not None and low > high:
             raise FieldError(field, f"low ({low}) must be <= high ({high})")
-        return LogNormal(real("median", 0.0, True, MAX_TOKENS), real("sigma", 0.0, False, MAX_SIGMA), low, high)
+        median = real("median", 0.0, True, MAX_TOKENS)
+        top = MAX_TOKENS if high is None else high
+        if not low <= median <= top:   # (clipped, every draw past the median would be the bound: no longer it)
+            ends = f"[low, high] = [{low}, {top}]" if high is not None else f"[low, ...] = [{low}, ...]"
+            raise FieldError(field, f"median ({median:g}) must lie within {ends}: the lengths are clipped to that "
+                                    f"range, so their median would be {low if median < low else top}, not {median:g}")
+        return LogNormal(median, real("sigma", 0.0, False, MAX_SIGMA), low, high)
     return Empirical(text("path"), text("column"))
 
 

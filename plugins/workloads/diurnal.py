@@ -15,9 +15,10 @@ Arrivals are a non-homogeneous Poisson process: the rate is constant within each
 ``mean_rate x weight`` of that hour (the weights average 1 over a day, so a run of 2 hours from
 midnight sees the night's rates, and one of 2 hours with ``peak_hour = 1`` the peak's), and arrivals are drawn by time-rescaling -- unit-rate Poisson
 points mapped through the inverse of the cumulative rate, which is exact for a piecewise
-constant rate. Without ``profile`` the weights are a cosine over the day, ``1 + amplitude x
-cos(2 pi (h + 0.5 - peak_hour) / 24)``: with the default amplitude 0.6 the quietest hour gets a
-quarter of the busiest one's rate. That is a stand-in with the usual shape of user-facing
+constant rate. Without ``profile`` the weights are a cosine over the day taken at each hour's
+start ``h``, ``1 + amplitude x cos(2 pi (h - peak_hour) / 24)``: hour ``peak_hour`` (a whole
+one) is the single busiest, and with the default amplitude 0.6 the quietest hour, 12 hours
+later, gets a quarter of its rate. That is a stand-in with the usual shape of user-facing
 traffic (quiet at night, busiest in the afternoon), not a measured trace: put a real service's
 hourly counts in ``profile`` to follow it. Lengths are drawn as in ``synthetic``.
 """
@@ -54,7 +55,8 @@ class DiurnalConfig:
     prompt: dict = table_field(help="prompt length distribution (as in synthetic)")
     output: dict = table_field(help="output length distribution (as in synthetic)")
     hours: int = int_field(24, min=1, max=24 * 366, help="how long the run's arrivals last, in hours")
-    peak_hour: float = float_field(14.0, min=0.0, max=24.0, help="the busiest hour of the cosine day")
+    peak_hour: float = float_field(14.0, min=0.0, max=24.0, help="the busiest hour of the cosine day (0-23; "
+                                                                            "24 is 0)")
     amplitude: float = float_field(0.6, min=0.0, max=1.0, help="the cosine's swing: quietest / busiest hour = "
                                                                "(1 - amplitude) / (1 + amplitude)")
     profile: tuple = list_field((), item=(int, float),
@@ -81,7 +83,7 @@ def hourly_weights(config: DiurnalConfig) -> np.ndarray:
     if config.profile:
         day = np.asarray(config.profile, dtype=np.float64)
     else:
-        h = np.arange(24) + 0.5
+        h = np.arange(24)   # each hour's start: hour peak_hour alone at the top (at h + 0.5, two hours tied)
         day = 1.0 + config.amplitude * np.cos(2.0 * math.pi * (h - config.peak_hour) / 24.0)
     day = day / day.mean()
     return np.resize(day, config.hours)

@@ -26,8 +26,19 @@ How the benchmark's successful requests are sent depends on its strategy
   streams`` after the start, as guidellm staggers them, and the later ones no earlier than the
   last of those (guidellm may send one sooner, when a stream's first request ends within the
   ramp).
-* ``throughput``, ``constant`` and ``poisson``: open loop, each request at its recorded start
-  time (ms after the first): their send times do not wait for the server.
+* ``throughput``: every request is due at the benchmark's start, at most the strategy's
+  ``max_concurrency`` in flight (guidellm 0.8.1's ``ThroughputStrategy.next_request_time``
+  returns the start time, and its ``WorkerGroup`` caps what is in flight at the strategy's
+  ``requests_limit``, ``max_concurrency``, or else at ``settings.max_concurrency``, 10240 --
+  :data:`THROUGHPUT_DEFAULT_CAP`; guidellm 0.5's default was 512). It is replayed as guidellm ran
+  it, a closed loop of that many slots (:mod:`.capped`): a slower simulated server sends later, a
+  faster one sooner. With ``rampup_duration``, guidellm's ``k``-th request (counted from 1) is due
+  ``rampup_duration x min(k, cap) / cap`` after the start.
+* ``constant`` and ``poisson``: open loop, each request at its recorded start time (ms after
+  the first): their send times do not wait for the server. With the strategy's
+  ``max_concurrency`` (guidellm 0.8.1's async strategies take one), the recorded start times are
+  the due times and at most ``max_concurrency`` are in flight, as guidellm capped them (a request
+  the real server's cap held back stays due when it was sent: the report keeps no other time).
 
 Errored and incomplete requests are left out and counted (``workload.info``). guidellm can keep
 only a random sample of each status's requests in the file (``--sample-requests``,
@@ -174,6 +185,33 @@ def _streams(where: str, strategy: dict) -> int:
     return streams
 
 
+#: What guidellm 0.8.1 holds in flight when nothing else limits it (``settings.max_concurrency``).
+THROUGHPUT_DEFAULT_CAP = 10240
+
+#: guidellm's strategies that send on their own clock, an optional ``max_concurrency`` capping them.
+RATE_STRATEGIES = ("constant", "poisson")
+
+
+def _max_concurrency(where: str, strategy: dict) -> int | None:
+    """The strategy's ``max_concurrency`` (None when not set)."""
+    cap = strategy.get("max_concurrency")
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise WorkloadError(f"{where}: strategy {strategy.get('type_')}: max_concurrency must be a whole number >= 1 "
+                            f"or null, got {cap!r} (the most requests it held in flight)")
+    return cap
+
+
+def throughput_due_ms(n: int, cap: int, rampup_s: float = 0.0) -> np.ndarray:
+    """When each of ``n`` requests of a throughput benchmark is due, in the order guidellm sent
+    them (ms from its start): all at the start; with a ramp-up, the ``k``-th (from 1) at
+    ``rampup x min(k, cap) / cap`` (guidellm 0.8.1's ``ThroughputStrategy.next_request_time``)."""
+    if rampup_s <= 0:
+        return np.zeros(n)
+    return rampup_s * 1e3 * np.minimum(np.arange(1, n + 1), cap) / cap
+
+
 def closed_loop_due_ms(n: int, streams: int, rampup_s: float = 0.0) -> np.ndarray:
     """When each of ``n`` requests of a synchronous or concurrent benchmark is due, in the order
     guidellm sent them (ms from its start): all at once, the ``streams`` slots pacing them; with a
@@ -184,7 +222,8 @@ def closed_loop_due_ms(n: int, streams: int, rampup_s: float = 0.0) -> np.ndarra
 
 def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload | CappedWorkload:
     """Replay one benchmark of a guidellm report: a closed loop of its streams (synchronous,
-    concurrent), or at its requests' start times (see the module docstring)."""
+    concurrent) or of its cap (throughput), or at its requests' start times, capped by the
+    strategy's max_concurrency if it has one (constant, poisson; see the module docstring)."""
     path = Path(config.path)
     data = read_json_file(path)
     benchmarks = data.get("benchmarks") if isinstance(data, dict) else None
@@ -222,15 +261,23 @@ def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload | CappedW
                                              hash_block_tokens=config.hash_block_tokens)
     strategy = _strategy(benchmark)
     kind = strategy.get("type_")
-    streams = _streams(where, strategy) if kind in CLOSED_LOOP_STRATEGIES else None
+    rampup = strategy.get("rampup_duration") if kind in ("concurrent", "throughput") else None
+    rampup = float(rampup) if is_finite_number(rampup) and rampup > 0 else 0.0
     workload: OpenLoopWorkload | CappedWorkload
-    if streams is None:
-        workload = OpenLoopWorkload(lambda seed: (sent, columns), name="guidellm", num_requests=len(columns))
-    else:
-        rampup = strategy.get("rampup_duration") if kind == "concurrent" else None
-        rampup = float(rampup) if is_finite_number(rampup) and rampup > 0 else 0.0
+    if kind in CLOSED_LOOP_STRATEGIES:
+        streams = _streams(where, strategy)
         workload = CappedRequests(closed_loop_due_ms(len(columns), streams, rampup), columns, streams,
                                   name="guidellm")
+    elif kind == "throughput":
+        streams = _max_concurrency(where, strategy) or THROUGHPUT_DEFAULT_CAP
+        workload = CappedRequests(throughput_due_ms(len(columns), streams, rampup), columns, streams,
+                                  name="guidellm")
+    else:
+        streams = _max_concurrency(where, strategy) if kind in RATE_STRATEGIES else None
+        if streams is None:
+            workload = OpenLoopWorkload(lambda seed: (sent, columns), name="guidellm", num_requests=len(columns))
+        else:
+            workload = CappedRequests(sent, columns, streams, name="guidellm")
     workload.measured = measured
     others = {status: requests.get(status) for status in ("errored", "incomplete")}
     workload.info.update({status: len(v) if isinstance(v, list) else 0 for status, v in others.items()},

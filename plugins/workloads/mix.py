@@ -153,10 +153,24 @@ def make_mix_workload(config: MixConfig, *, lookup: Lookup = builtin_lookup) -> 
         else:
             workload = factory(from_table(config_cls, keys, where=where))
         if getattr(workload, "closed_loop", False):
-            raise ConfigError(f"{where}: {kind!r} is closed-loop and cannot be part of a mix")
+            raise ConfigError(f"{where}: {_closed_loop_reason(kind, keys)} and cannot be part of a mix")
         overrides.setdefault("request_class", name)
         parts.append(_MixClass(name, workload, overrides))
     return MixWorkload(parts)
+
+
+def _closed_loop_reason(kind: str, keys: dict) -> str:
+    """What makes a class's workload closed-loop: the setting that does, else its kind."""
+    settings = []
+    if keys.get("max_concurrency") is not None:
+        settings.append(f"max_concurrency = {keys['max_concurrency']!r} makes it closed-loop (a request waits for "
+                        "one of its slots to free)")
+    if keys.get("stage_start") == "after_drain":
+        settings.append("stage_start = 'after_drain' makes it closed-loop (a stage waits for the previous one's "
+                        "requests to finish)")
+    if settings:
+        return "; ".join(settings) + " -- leave it out to mix the class open loop"
+    return f"{kind!r} is closed-loop here (its requests depend on completions)"
 
 
 @attrs.frozen

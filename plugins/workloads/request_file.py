@@ -2,7 +2,8 @@
 
 Each row is one request with ``prompt_tokens`` and ``output_tokens`` and optionally
 ``arrival_ms``, ``max_tokens``, ``priority``, ``client``, ``request_class`` (or ``class``),
-``prefix_group`` and ``prefix_tokens``. A ``columns`` table renames them for files that use
+``prefix_group`` and ``prefix_tokens`` (given together: a row with one but not the other is
+refused, naming its line, as it would share nothing). A ``columns`` table renames them for files that use
 other names::
 
     [workload]
@@ -12,7 +13,8 @@ other names::
     arrival = "poisson"                 # "file" (default) | "all-at-once" | "poisson" | "gamma" | "constant"
     rate = 10                           # poisson, gamma and constant only (cv: gamma only)
 
-With ``arrival = "file"`` the file's ``arrival_ms`` are used as they are (times ``time_scale``);
+With ``arrival = "file"`` the file's ``arrival_ms`` are used as they are (times ``time_scale``,
+which is refused with any other arrival, as a ``rate`` with ``"file"`` is);
 a file without ``arrival_ms`` sends everything at t = 0. Rows whose arrivals are out of order
 are sorted (stably) and numbered in arrival order. A ``rate`` with ``"file"`` or
 ``"all-at-once"``, or a ``cv`` with another arrival than ``"gamma"``, cannot take effect and is
@@ -140,7 +142,28 @@ def request_columns(records: Records) -> RequestColumns:
                 f"{records.where(row)}: {records.label('prefix_tokens')}: must be <= prompt_tokens "
                 f"({prompt[row]}), got {per_row['prefix_tokens'][row]}"
             )
+    _check_prefix_pairs(records, optional["prefix_group"], optional["prefix_tokens"])
     return RequestColumns(prompt, output, per_row)
+
+
+def _check_prefix_pairs(records: Records, groups: list | None, tokens: list | None) -> None:
+    """WorkloadError naming the first row with a ``prefix_group`` but no ``prefix_tokens``, or
+    ``prefix_tokens`` > 0 but no ``prefix_group``: either alone shares nothing (a row with
+    prefix_tokens = 0 and no group, as a run's unshared requests are written, is fine)."""
+    n = len(records)
+    groups = [None] * n if groups is None else groups
+    tokens = [None] * n if tokens is None else tokens
+    for row, (group, count) in enumerate(zip(groups, tokens)):
+        if group is not None and count is None:
+            raise WorkloadError(
+                f"{records.where(row)}: {records.label('prefix_group')} {group!r} without "
+                f"{records.label('prefix_tokens')}: the group shares its first prefix_tokens tokens, so give how "
+                "many (or leave out prefix_group)")
+        if group is None and count:
+            raise WorkloadError(
+                f"{records.where(row)}: {records.label('prefix_tokens')} {count} without "
+                f"{records.label('prefix_group')}: the tokens are shared with the requests of the same group, so "
+                "name it (or leave out prefix_tokens)")
 
 
 def file_arrivals_ms(records: Records) -> np.ndarray | None:
@@ -172,12 +195,18 @@ class FileConfig:
     max_tokens: int | None = int_field(None, min=1, max=MAX_TOKENS, optional=True,
                                        help="cap on every request's max_tokens (the client's length limit)")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N requests of the file")
-    time_scale: float = float_field(1.0, min=0, min_exclusive=True,
-                                    help="multiply every arrival time (and so every gap) by this")
+    time_scale: float | None = float_field(None, min=0, min_exclusive=True, optional=True,
+                                           help="with arrival = 'file' only: multiply every arrival time of the file "
+                                                "(and so every gap) by this (default 1)")
 
     def __attrs_post_init__(self) -> None:
         check_columns(self.columns)
         check_arrival_settings(self.arrival, self.rate, self.cv)
+        if self.time_scale is not None and self.arrival != "file":   # (refused as a rate with all-at-once is)
+            why = ("every request arrives at t = 0" if self.arrival == "all-at-once" else
+                   "the arrivals are drawn at the rate (time_scale = 2 would halve it: set rate instead)")
+            raise FieldError("time_scale", f"only applies with arrival = 'file' (it stretches the file's arrival_ms), "
+                                           f"not {self.arrival!r}: {why}")
 
 
 def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
@@ -185,8 +214,9 @@ def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
     records = read_request_file(config.path, format=config.format, columns=config.columns, limit=config.limit)
     columns = request_columns(records).with_max_tokens_cap(config.max_tokens)
     from_file = file_arrivals_ms(records)
+    time_scale = 1.0 if config.time_scale is None else config.time_scale
     if config.arrival == "file":
-        check_replayed_arrivals(config.path, from_file, config.time_scale)
+        check_replayed_arrivals(config.path, from_file, time_scale)
     n = len(columns)
 
     def build(seed: int):
@@ -194,8 +224,8 @@ def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
             arrival = from_file if from_file is not None else np.zeros(n)
         else:
             arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=gap_cv(config.cv))
-        if config.time_scale != 1.0:
-            arrival = scaled(arrival, config.time_scale)
+        if time_scale != 1.0:
+            arrival = scaled(arrival, time_scale)
         return arrival, columns
 
     return OpenLoopWorkload(build, name="file", num_requests=n)

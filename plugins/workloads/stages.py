@@ -5,26 +5,38 @@
     [workload]
     kind = "synthetic"                 # or shared_prefix
     stages = [{rate = 5, duration_s = 60}, {rate = 10, duration_s = 60}]
-    arrival = "constant"               # or poisson, gamma: within each stage
+    arrival = "constant"               # or poisson, gamma: within each stage (all-at-once is refused)
     stage_start = "after_drain"        # or "back_to_back"
     stage_gap_s = 0
 
 Stage ``k`` sends ``floor(rate x duration_s)`` requests (inference-perf's count, at least one),
 the first at the stage's start and the others one gap apart -- gaps of the arrival process at
-the stage's rate, drawn from the run's seed in one stream across stages, so that changing one
-stage's rate scales its gaps and leaves the others' draws alone (common random numbers).
+the stage's rate. Each stage draws its gaps and its requests' lengths from its own random
+stream of the run's seed (:func:`stage_seed`; the first stage uses the seed itself, so one stage
+is the unstaged workload), so that changing one stage's rate or duration scales its own gaps
+and leaves every other stage's arrival offsets and lengths unchanged (common random numbers).
 
 * ``back_to_back``: stage ``k + 1`` starts ``duration_s + stage_gap_s`` after stage ``k``
-  started, whatever is still running (``vllm bench serve``'s and guidellm's constant-rate
-  benchmarks run one rate at a time this way). A random stage's last arrivals may fall past its
-  window by chance; the next stage starts on time all the same.
+  started, whatever is still running, so a stage's requests may overlap the next stage's. This
+  is schedlab's own schedule, not how the load generators move from one rate to the next:
+  ``vllm bench serve`` awaits every request of a run before it returns (``asyncio.gather``), so
+  a sequence of its runs drains between rates -- ``after_drain`` with ``stage_gap_s = 0`` is the
+  closer match; guidellm stops a benchmark at its ``max_duration`` and cancels the requests still
+  in flight (reported ``incomplete``) instead of letting them run into the next rate. A random
+  stage's last arrivals may fall past its window by chance; the next stage starts on time all
+  the same.
 * ``after_drain``: stage ``k + 1`` starts ``stage_gap_s`` after the last request of stage ``k``
   has finished for its client -- its last byte arrived, it was rejected, or its client gave up
   (inference-perf runs its stages so: it waits for the stage's requests, then sleeps
   ``interval``). The workload is then closed-loop: it hears of every finish.
 
-Requests are numbered in arrival order across stages; lengths come from one draw for all of
-them, so staging changes when requests come, not what they are.
+``arrival = "constant"`` spaces a stage's requests evenly, ``1 / rate`` apart from the stage's
+start (``vllm bench serve --burstiness inf``, guidellm's constant rate). inference-perf's
+``constant`` load is not evenly spaced: its ``ConstantLoadTimer`` draws exponential gaps,
+normalised so that they fill the stage's duration, and sends its first request one gap after
+the start.
+
+Requests are numbered in arrival order across stages. The same seed gives the same requests.
 """
 
 from __future__ import annotations
@@ -41,8 +53,8 @@ from schedlab.configs import (
 )
 from schedlab.errors import WorkloadError
 
-from .arrivals import unit_gaps
-from .columns import RequestColumns, check_seed, iter_requests
+from .arrivals import RATED_KINDS, STAGE_STREAM, unit_gaps
+from .columns import RequestColumns, check_seed, concat_columns, iter_requests
 
 STAGE_STARTS = ("back_to_back", "after_drain")
 
@@ -129,20 +141,40 @@ def check_stage_settings(config) -> tuple[Stage, ...] | None:
         raise FieldError("num_requests", "give either num_requests or stages (they count the requests themselves)")
     if config.rate is not None:
         raise FieldError("rate", "give either rate or stages (each stage has its own)")
+    if config.arrival not in RATED_KINDS:   # (each stage's rate would only count its requests, sent at once)
+        raise FieldError("stages", f"do not apply with arrival = {config.arrival!r}: every request of a stage would "
+                                   "arrive at the stage's start, its rate only setting how many; set arrival = "
+                                   "'poisson', 'gamma' or 'constant' to send each stage at its rate")
     return stages
+
+
+def stage_seed(seed: int, k: int) -> int:
+    """The seed of stage ``k`` (counted from 0) of a run seeded ``seed``: ``seed`` itself for the
+    first stage, else a number drawn from ``SeedSequence(seed, spawn_key=(STAGE_STREAM, k))``.
+    A stage's gaps and lengths come from its own seed, so no other stage changes them."""
+    if k == 0:
+        return seed
+    state = np.random.SeedSequence(seed, spawn_key=(STAGE_STREAM, k)).generate_state(2, np.uint32)
+    return int(state[0]) << 32 | int(state[1])
 
 
 def stage_offsets_ms(kind: str, stages: tuple[Stage, ...], seed: int, cv: float = 1.0) -> list[np.ndarray]:
     """Per stage, its arrivals in ms after the stage's start: the first at 0, then gaps of the
-    arrival process at the stage's rate (one random stream for all stages, see the module doc)."""
-    rng = np.random.default_rng(seed)
+    arrival process at the stage's rate (each stage from its own stream, :func:`stage_seed`)."""
     out = []
-    for stage in stages:
+    for k, stage in enumerate(stages):
         times = np.zeros(stage.count)
-        np.cumsum(unit_gaps(kind, stage.count - 1, rng, cv), out=times[1:])
+        np.cumsum(unit_gaps(kind, stage.count - 1, np.random.default_rng(stage_seed(seed, k)), cv), out=times[1:])
         with np.errstate(over="ignore"):  # inf beyond the float range: refused as past the clock's end
             out.append(times * 1000.0 / stage.rate)
     return out
+
+
+def stage_columns(columns_of: Callable[[int, int], RequestColumns], stages: tuple[Stage, ...],
+                  seed: int) -> RequestColumns:
+    """Every stage's requests, stage after stage, each stage's drawn by ``columns_of(its seed,
+    its count)`` (:func:`stage_seed`)."""
+    return concat_columns([columns_of(stage_seed(seed, k), stage.count) for k, stage in enumerate(stages)])
 
 
 def back_to_back_ms(offsets: list[np.ndarray], stages: tuple[Stage, ...], gap_s: float) -> np.ndarray:

@@ -47,8 +47,8 @@ from .capped import CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
 from .distributions import parse_distribution, scale_lengths
 from .stages import (
-    DrainedStages, back_to_back_ms, check_stage_settings, stage_gap_field, stage_gap_s, stage_offsets_ms,
-    stage_start_field, stages_field,
+    DrainedStages, back_to_back_ms, check_stage_settings, stage_columns, stage_gap_field, stage_gap_s,
+    stage_offsets_ms, stage_start_field, stages_field,
 )
 
 
@@ -151,7 +151,9 @@ def _uncapped(config, name: str, columns_of: Callable[[int, int], RequestColumns
     n = sum(stage.count for stage in stages)
 
     def parts(seed: int):
-        return stage_offsets_ms(config.arrival, stages, seed, gap_cv(config.cv)), columns_of(seed, n)
+        # each stage from its own stream (stage_seed): no stage's draws depend on another's settings
+        offsets = stage_offsets_ms(config.arrival, stages, seed, gap_cv(config.cv))
+        return offsets, stage_columns(columns_of, stages, seed)
 
     if config.stage_start == "after_drain":
         return DrainedStages(parts, gap_s=stage_gap_s(config), name=name, num_requests=n)
@@ -189,6 +191,8 @@ POPULARITY = ("uniform", "zipf")
 class SharedPrefixConfig:
     """Requests with system prompts: ``round(shared_fraction * num_requests)`` of them (chosen
     at random) use the prefix of one of ``num_groups`` groups; the rest declare no sharing.
+    With ``stages``, each stage is drawn on its own (:mod:`.stages`): ``round(shared_fraction *
+    its count)`` of its requests share, each picking among the same groups.
     Every request's prompt is ``prefix_tokens + suffix``, so the sharing is the only difference
     between a shared and an unshared request."""
 
@@ -202,7 +206,8 @@ class SharedPrefixConfig:
     popularity: str = str_field("uniform", choices=POPULARITY,
                                 help="how shared requests pick their group: 'uniform' or 'zipf' (group g has "
                                      "weight 1 / (g + 1) ** zipf_s)")
-    zipf_s: float = float_field(1.0, min=0, help="Zipf exponent for popularity = 'zipf' (0 = uniform)")
+    zipf_s: float | None = float_field(None, min=0, optional=True,
+                                       help="Zipf exponent for popularity = 'zipf' only (default 1; 0 = uniform)")
     output_scale: float = output_scale_field()
     arrival: str = arrival_field()
     rate: float | None = rate_field()
@@ -219,6 +224,10 @@ class SharedPrefixConfig:
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.suffix, field="suffix")
         parse_distribution(self.output, field="output")
+        if self.zipf_s is not None and self.popularity != "zipf":
+            raise FieldError("zipf_s", f"only applies with popularity = 'zipf', not {self.popularity!r} (every group "
+                                       "is equally likely): set popularity = 'zipf' to weigh group g by "
+                                       "1 / (g + 1) ** zipf_s")
         if check_stage_settings(self) is None:
             check_arrival_settings(self.arrival, self.rate, self.cv)
         else:
@@ -230,8 +239,14 @@ def num_shared(num_requests: int, shared_fraction: float) -> int:
     return min(num_requests, int(math.floor(shared_fraction * num_requests + 0.5)))
 
 
-def group_weights(num_groups: int, popularity: str, zipf_s: float) -> np.ndarray:
-    """Probability of each group (sums to 1)."""
+#: ``zipf_s`` when not set.
+DEFAULT_ZIPF_S = 1.0
+
+
+def group_weights(num_groups: int, popularity: str, zipf_s: float | None = None) -> np.ndarray:
+    """Probability of each group (sums to 1); ``zipf_s`` None is :data:`DEFAULT_ZIPF_S`."""
+    if zipf_s is None:
+        zipf_s = DEFAULT_ZIPF_S
     if popularity == "uniform":
         weights = np.ones(num_groups)
     elif popularity == "zipf":
