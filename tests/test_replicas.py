@@ -249,3 +249,44 @@ def test_replicas_must_be_a_positive_whole_number(tmp_path, value):
     (tmp_path / "r.toml").write_text(EXPERIMENT.replace('name = "more_slots"', f'name = "more_slots"\nreplicas = {json.dumps(value)}'))
     with pytest.raises(ConfigError, match="replicas"):
         load(tmp_path / "r.toml")
+
+
+def test_a_replicated_runs_stability_is_every_replicas_not_the_firsts():
+    """The verdict (the table's mark, the sweep plot's rings) was replica 1's: a load two of five
+    draws overload read stable."""
+    from schedlab.study.replicas import combined_stability
+
+    mean = {"verdict": "stable", "reason": "r1", "arrival_rps": 11.7}
+    mixed = [{"verdict": "stable", "reason": "r1"}, {"verdict": "unstable", "reason": "grows"},
+             {"verdict": "inconclusive", "reason": "noise"}, {"verdict": "unstable", "reason": "grows more"}]
+    combined = combined_stability(mixed, mean)
+    assert combined["verdict"] == "unstable" and combined["arrival_rps"] == 11.7
+    assert combined["reason"] == "2 of 4 replicas unstable; replica 2: grows"
+    undecided = combined_stability([mixed[0], mixed[2]], mean)
+    assert undecided["verdict"] == "inconclusive" and undecided["reason"].startswith("1 of 2 replicas inconclusive")
+    assert combined_stability([mixed[0], mixed[0]], mean)["reason"] == "all 2 replicas stable; replica 1: r1"
+
+
+def test_a_replicated_run_reads_unstable_when_any_replica_does(tmp_path):
+    path = tmp_path / "rep.toml"
+    path.write_text(textwrap.dedent("""
+        [experiment]
+        seed = 4
+        replicas = 5
+        [workload]
+        kind = "synthetic"
+        num_requests = 300
+        rate = 12.0
+        prompt = {dist = "lognormal", median = 300, sigma = 0.6, high = 3000}
+        output = {dist = "lognormal", median = 120, sigma = 0.7, high = 1000}
+        [cost_model]
+        kind = "linear"
+        [scheduler]
+        kind = "continuous"
+        max_num_seqs = 16
+    """))
+    run = run_experiment(load(path)).all_runs()[0]
+    verdicts = [r.metrics["stability"]["verdict"] for r in run.replicas]
+    assert "unstable" in verdicts and verdicts[0] != "unstable"   # (the case: replica 1 alone reads otherwise)
+    assert run.metrics["stability"]["verdict"] == "unstable"
+    assert run.metrics["stability"]["reason"].startswith(f"{verdicts.count('unstable')} of 5 replicas unstable")

@@ -166,11 +166,32 @@ def combine(name: str, replicas: list[RunResult], seed: int) -> RunResult:
     first = replicas[0]
     intervals: dict[str, list[float]] = {}
     metrics = _combine_metrics([r.metrics for r in replicas], "", intervals)
+    if isinstance(metrics.get("stability"), dict):
+        metrics["stability"] = combined_stability([r.metrics.get("stability") for r in replicas],
+                                                  metrics["stability"])
     meta = dict(first.meta, seed=seed, replicas=len(replicas), replica_seeds=[r.meta.get("seed") for r in replicas],
                 wall_ms=sum(r.meta.get("wall_ms", 0.0) for r in replicas))
     return RunResult(name, first.settings, first.requests, first.counters, first.itl, first.timeline,
                      first.rejections, meta, metrics, dict(first.point), measured=first.measured, intervals=intervals,
                      replicas=list(replicas))
+
+
+def combined_stability(verdicts: list, mean: dict) -> dict:
+    """A replicated run's stability: ``mean`` (the replicas' numbers averaged) with a verdict of
+    them all -- ``unstable`` when any replica is (a load some draws overload is not safe),
+    else ``inconclusive`` when any is, else the replicas' common verdict -- and a reason saying
+    how many replicas had it, quoting the first such replica's own."""
+    given = [v for v in verdicts if isinstance(v, dict) and "verdict" in v]
+    if not given:
+        return mean
+    names = [v["verdict"] for v in given]
+    verdict = next((name for name in ("unstable", "inconclusive") if name in names), names[0])
+    witness = given[names.index(verdict)]
+    count = names.count(verdict)
+    said = f"all {len(given)} replicas" if count == len(given) else f"{count} of {len(given)} replicas"
+    reason = witness.get("reason", "")
+    return {**mean, "verdict": verdict,
+            "reason": f"{said} {verdict}" + (f"; replica {names.index(verdict) + 1}: {reason}" if reason else "")}
 
 
 def metric_number(metrics: dict, name: str) -> float:
