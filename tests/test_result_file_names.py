@@ -40,3 +40,19 @@ def test_streamed_runs_get_a_file_each_and_long_names_are_cut(tmp_path, monkeypa
         rows = read_rows(tmp_path / "out" / "requests" / file)
         assert rows["id"].size == 40
         assert np.max(rows["finish_ms"]) == runs[name].metrics["makespan_ms"] + np.min(rows["arrival_ms"])
+
+
+def test_a_whole_table_sweep_value_is_json_in_summary_csv(tmp_path):
+    """It was a Python repr ({'kind': 'static', ...}) where summary.json and run names are JSON-like."""
+    import csv
+    import json
+
+    path = tmp_path / "tables.toml"
+    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 5\nrate = 20\n'
+                    'prompt = {dist = "fixed", value = 50}\noutput = {dist = "fixed", value = 8}\n'
+                    '[[runs]]\nname = "s"\nsweep = {"scheduler" = [{kind = "static", batch_size = 4}, '
+                    '{kind = "continuous"}]}\n')
+    save(run_experiment(load(path)), tmp_path / "out")
+    with open(tmp_path / "out" / "summary.csv") as fh:
+        cells = [row["scheduler"] for row in csv.DictReader(fh)]
+    assert [json.loads(cell) for cell in cells] == [{"kind": "static", "batch_size": 4}, {"kind": "continuous"}]

@@ -203,6 +203,11 @@ def _fmt(x) -> Any:
     return x
 
 
+def _point_cell(value) -> Any:
+    """A swept value in summary.csv: a table or list as the JSON summary.json holds (not a Python repr)."""
+    return json.dumps(jsonable(value)) if isinstance(value, (dict, list, tuple)) else _fmt(value)
+
+
 def request_rows(run: RunResult):
     r = run.requests
     n = r["id"].size
@@ -246,7 +251,7 @@ def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
     for _, r, f in flat:
         keys += [k for k in f if k not in keys]
         point_keys += [k for k in r.point if k not in point_keys]
-    rows = [[s.name, r.name] + [_fmt(r.point.get(k, "")) for k in point_keys] + [_fmt(f.get(k, "")) for k in keys]
+    rows = [[s.name, r.name] + [_point_cell(r.point.get(k, "")) for k in point_keys] + [_fmt(f.get(k, "")) for k in keys]
             for s, r, f in flat]
     path = out / "summary.csv"
     atomic_write(path, _csv_text(["study", "run"] + point_keys + keys, rows))
