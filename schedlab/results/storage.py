@@ -251,8 +251,8 @@ def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
     for _, r, f in flat:
         keys += [k for k in f if k not in keys]
         point_keys += [k for k in r.point if k not in point_keys]
-    rows = [[s.name, r.name] + [_point_cell(r.point.get(k, "")) for k in point_keys] + [_fmt(f.get(k, "")) for k in keys]
-            for s, r, f in flat]
+    rows = [[s.name, r.name] + [_point_cell(r.point.get(k, "")) for k in point_keys]
+            + [_fmt(f.get(k, "")) for k in keys] for s, r, f in flat]
     path = out / "summary.csv"
     atomic_write(path, _csv_text(["study", "run"] + point_keys + keys, rows))
     written.append(path)
