@@ -44,7 +44,9 @@ def test_a_tie_at_light_load_is_neither_side():
     assert side == "inside" and 4.0 < load < 8.0
     # 1.25 -> 0.8 crosses 1 at 5/9 of the way, in log(load): 4 x 2^(5/9)
     assert load == pytest.approx(4.0 * 2 ** (5 / 9))
-    assert crossover_load((1.0, 2.0), (1.0, 1.0), "higher") == (None, "below")  # never better
+    # equal at every load: neither better nor worse (it read "never better", "< 1")
+    assert crossover_load((1.0, 2.0), (1.0, 1.0), "higher") == (None, "tie")
+    assert crossover_load((1.0, 2.0), (1.0, 0.9), "higher") == (None, "below")  # ties, then worse: never better
 
 
 def test_crossover_load_by_hand():

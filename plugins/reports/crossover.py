@@ -15,7 +15,8 @@ acceptance rate). For each line, ``ratio(load) = metric / baseline metric`` at t
 and the *crossover* is the load where the ratio reaches 1 after starting on the better side:
 interpolated linearly in ``log(load)`` between the two swept loads around it (loads are
 usually swept by factors). A line better at every load has its crossover above the largest
-load (``> L``), one never better below the smallest (``< L``).
+load (``> L``), one never better below the smallest (``< L``), one equal at every load has
+none.
 
 Writes ``crossover.txt`` (printed too) and ``crossover.csv``, and ``plots/crossover.png``: for
 each compared sweep, its ratios against load (top) and its crossover against its first
@@ -71,7 +72,8 @@ class Line:
     loads: tuple[float, ...]        # loads where both it and the baseline have the metric
     ratios: tuple[float, ...]       # metric / baseline metric there
     crossover: float | None         # the load where the ratio reaches 1 (None: beyond the range)
-    side: str                       # "inside", "above" (better everywhere) or "below" (never better)
+    side: str                       # "inside", "above" (better everywhere), "below" (never better) or
+                                    # "tie" (equal at every load: neither ever better)
     extra: dict                     # ratio name -> (at the lowest load, at the highest load)
 
     @property
@@ -83,8 +85,11 @@ def crossover_load(loads, ratios, better: str) -> tuple[float | None, str]:
     """Where ``ratios`` (against ``loads``, increasing) leave the better side: ``(load, "inside")``
     interpolated in log(load), or ``(None, "above")`` / ``(None, "below")``. Loads where the two
     tie before either wins are passed over (SLO attainment is 1 for both at a light load): a line
-    that ties, then wins, then loses crosses where it loses."""
+    that ties, then wins, then loses crosses where it loses; one that ties at every load is
+    ``(None, "tie")`` (it never was worse either)."""
     first = next((i for i, r in enumerate(ratios) if r != 1.0), len(ratios))
+    if ratios and first == len(ratios):
+        return None, "tie"
     loads, ratios = loads[first:], ratios[first:]
     wins = [(r < 1.0) if better == "lower" else (r > 1.0) for r in ratios]
     if not wins or not wins[0]:
@@ -185,6 +190,8 @@ def _load_text(line: Line) -> str:
         return f"> {line.loads[-1]:g}"
     if line.side == "below":
         return f"< {line.loads[0]:g}" if line.loads else "-"
+    if line.side == "tie":
+        return "none (equal at every load)"
     return f"{line.crossover:.3g}"
 
 
