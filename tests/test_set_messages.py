@@ -393,4 +393,18 @@ def test_a_missing_data_file_names_the_experiment_and_the_table_that_points_at_i
     err = capsys.readouterr().err.strip()
     assert err == f"schedlab: error: {path}: [workload]: {tmp_path / 'runs' / 'log.jsonl'}: file not found"
     assert main(["validate", str(path), "--set", "workload.path=other.jsonl"]) == 2
-    assert capsys.readouterr().err.strip().endswith(f"[workload]: {tmp_path / 'other.jsonl'}: file not found")
+    assert capsys.readouterr().err.strip().endswith(f"[workload]: {tmp_path / 'other.jsonl'}: file not found "
+                                                    "(from --set workload.path=other.jsonl)")
+
+
+def test_a_missing_file_a_set_named_is_the_sets(tmp_path):
+    """The error named the file's table, as if the file had named the missing path; and a file
+    missing for one run is missing for all, so no advice to set it for some runs."""
+    (tmp_path / "requests.json").write_text('[{"prompt_tokens": 10, "output_tokens": 3}]')
+    path = tmp_path / "runs.toml"
+    path.write_text('[workload]\nkind = "file"\npath = "requests.json"\n[cost_model]\nkind = "linear"\n'
+                    '[[runs]]\nname = "a"\n[[runs]]\nname = "b"\nscheduler = {kind = "static"}\n')
+    assert load(path).studies  # the file's own path is there
+    with pytest.raises(schedlab.errors.WorkloadError) as err:
+        load(path, ["workload.path=gone.json"])
+    assert str(err.value).endswith("gone.json: file not found (from --set workload.path=gone.json)")

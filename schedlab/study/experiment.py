@@ -45,7 +45,7 @@ import tomli
 from ..capacity import GpuSpec, ModelSpec, Presets
 from ..catalog import Catalog, load_catalog
 from ..configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, not_regular_file, str_field
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkloadError
 from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
 from ..results.stream import ROW_FORMATS, RecordSettings
@@ -416,7 +416,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             raise _too_many(counts, source)
         try:
             _validate(study, ctx, where)
-        except ConfigError as exc:
+        except (ConfigError, WorkloadError) as exc:   # (a workload's file named by a --set, too)
             others = functools.partial(_runs_taking, ctx, defaults, entries, name, every_run, targeted)
             blamed = _blame_set(exc, where, tables, applied, file_tables=file_tables, varied=study.keys,
                                 several_runs=len(entries) > 1, others=others)
@@ -655,6 +655,8 @@ def _blame_set(exc: ConfigError, where: str, tables: dict, applied: list[_Overri
         mode, end, key = "kind", match.end(), "kind"
     elif match := _FIELD.match(body):
         key = match[1]
+    elif (key := _path_set_by(body, path, applied)) is not None:
+        mode = "file"   # (a file that is not there is missing for every run: no advice to set it for some)
     else:
         return exc
     parts = path.split(".")
@@ -676,7 +678,7 @@ def _blame_set(exc: ConfigError, where: str, tables: dict, applied: list[_Overri
         return type(exc)(f"{message} (as changed by {inside.shown()})") if mode == "value" else exc
     advice = ""
     every = override.run is None and several_runs
-    taking = others(candidate.split(".")[0]) if every and others is not None and mode != "kind" else []
+    taking = others(candidate.split(".")[0]) if every and others is not None and mode not in ("kind", "file") else []
     if len(taking) == 1:
         advice = f"; to set it for run {taking[0]!r} only: {override.for_run(taking[0])}"
     elif taking:
@@ -693,6 +695,17 @@ def _blame_set(exc: ConfigError, where: str, tables: dict, applied: list[_Overri
         note += ", which sets it for every run" if every else ""
         note += f"; this run's {path} is {kind!r}" if isinstance(kind, str) else ""
     return type(exc)(f"{message[: at.end()]}{body[:end]} ({note}){body[end:]}{advice}")
+
+
+def _path_set_by(body: str, table: str, applied: list[_Override]) -> str | None:
+    """The key (inside ``table``) of the ``--set`` whose text value is the file a message about
+    that table starts with (``.../missing.json: file not found`` names the file, not its key)."""
+    named = body.split(": ", 1)[0]
+    for o in reversed(applied):
+        if _within(o.key, table) and o.key != table and isinstance(o.value, str) and o.value and \
+                named.endswith(o.value.lstrip("./")):
+            return o.key[len(table) + 1:]
+    return None
 
 
 def _validate(study: StudySpec, ctx: Context, where: str) -> None:
