@@ -166,10 +166,11 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("deepseek-v3", num_layers=61, num_kv_heads=128, head_dim=128, num_params=671e9,
                num_attention_heads=128, hidden_size=7168, vocab_size=129280, num_experts=256, experts_per_token=8,
                active_params=37e9, weight_dtype_bytes=1.0, table_dtype_bytes=2.0, fp8_activations=True,
-               kv_latent_dim=576, kv_rope_dim=64, qk_head_dim=192, hf_id="deepseek-ai/DeepSeek-V3"),
+               kv_latent_dim=576, kv_rope_dim=64, qk_head_dim=192, moe_layers=58, hf_id="deepseek-ai/DeepSeek-V3"),
      "deepseek-ai/DeepSeek-V3 config.json: 61 layers, MLA (kv_lora_rank 512 + qk_rope_head_dim 64 = a 576-element "
      "KV latent per token and layer, bf16), 128 heads, hidden 7168, 256 routed experts of FFN 2048 + 1 shared, 8 "
-     "per token, vocab 129,280, FP8 weights (the embedding and LM head bf16); 671B params, 37B active (model "
+     "per token in 58 layers (the first 3 dense: first_k_dense_replace), vocab 129,280, FP8 weights (the "
+     "embedding and LM head bf16); 671B params, 37B active (model "
      "card; the MTP module's 14B not counted). Prefill attention over heads of 192 for QK and 128 for V; decodes "
      "absorbed over the latent"),
 )

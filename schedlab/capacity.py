@@ -142,6 +142,12 @@ class ModelSpec:
                     "compressed-tensors with 8-bit float input_activations): their GEMMs run at the GPU's "
                     "fp8_tflops where it has FP8 tensor cores (vLLM's Fp8LinearMethod); elsewhere, and for "
                     "weight-only FP8, in 16 bits")
+    fp8_weight_share: float | None = float_field(
+        None, min=0.0, max=1.0, optional=True,
+        help="W8A8 FP8 (fp8_activations) checkpoints that keep some layers' projections in 16 bits "
+             "(modules_to_not_convert / ignore): the share of the dense weights (beside the routed experts and "
+             "the tables) that are FP8, so that share of the dense GEMMs' FLOPs runs at fp8_tflops and the rest "
+             "at the bf16 rate; unset = all of them when weight_dtype_bytes is 1, else none")
     kv_dtype_bytes: int | None = int_field(
         None, min=1, max=MAX_DTYPE_BYTES, optional=True,
         help="bytes per stored KV element when the cache keeps another dtype than the model's (vLLM "
@@ -186,6 +192,11 @@ class ModelSpec:
         help="config.json intermediate_size as written (a MoE model's dense width, not its experts'): TGI's "
              "launcher sizes its prefill budget by it")
     shared_experts: int = int_field(0, min=0, help="MoE: shared experts every token also passes (n_shared_experts)")
+    moe_layers: int | None = int_field(
+        None, min=1, optional=True,
+        help="MoE: how many layers route their tokens to experts, where some layers are dense (DeepSeek-V3: 58 of "
+             "61, first_k_dense_replace 3; Llama-4-Maverick: 24 of 48, interleave_moe_layer_step 2): the routing's "
+             "and the expert kernels' fixed times are paid in these only; unset = every layer")
 
     def __attrs_post_init__(self) -> None:
         self._check_heads()
@@ -212,6 +223,12 @@ class ModelSpec:
         if (self.index_heads or self.index_head_dim) and self.sparse_attention_keys is None:
             raise ConfigError(f"{self.name}: index_heads and index_head_dim describe a sparse-attention indexer: "
                               "set sparse_attention_keys too")
+        if self.moe_layers is not None and (not self.num_experts or self.moe_layers > self.num_layers):
+            raise ConfigError(f"{self.name}: moe_layers ({self.moe_layers}) counts a MoE model's expert layers: it "
+                              f"needs num_experts set and at most num_layers ({self.num_layers})")
+        if self.fp8_weight_share is not None and not self.fp8_activations:
+            raise ConfigError(f"{self.name}: fp8_weight_share is the FP8 share of a W8A8 checkpoint's weights: it "
+                              "needs fp8_activations = true")
         if self.sliding_window_layers and self.sliding_window is None:
             raise ConfigError(f"{self.name}: sliding_window_layers is set but sliding_window is not")
 
@@ -229,6 +246,14 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def moe_layer_count(self) -> int:
+        """Layers that route to experts: :attr:`moe_layers`, else every layer of a MoE model (0 for
+        a dense one)."""
+        if not self.is_moe:
+            return 0
+        return self.moe_layers if self.moe_layers is not None else self.num_layers
 
     @property
     def params_per_token(self) -> float:
@@ -324,12 +349,17 @@ class ModelSpec:
             raise ConfigError(
                 f"{self.name}: tensor_parallel={tp} is not a multiple of its {heads} KV heads, so they "
                 f"cannot be replicated evenly; use a multiple of {heads}")
+        self._check_attention_heads(tp)
+        return heads // tp if heads >= tp else 1
+
+    def _check_attention_heads(self, tp: int) -> None:
+        """:raises ConfigError: the attention heads cannot be spread evenly over ``tp`` ranks
+        (vLLM's ``ModelConfig.verify_with_parallel_config`` refuses it, latent attention too)."""
         if self.num_attention_heads and self.num_attention_heads % tp:
             raise ConfigError(
                 f"{self.name}: {self.num_attention_heads} attention heads cannot be split evenly over "
                 f"tensor_parallel={tp} (vLLM refuses it too); use a tensor_parallel that divides "
                 f"{self.num_attention_heads}")
-        return heads // tp if heads >= tp else 1
 
     def pool_layers(self, hybrid: bool = True, swa_ratio: float | None = None) -> float:
         """Layers one block of the pool holds a page of. vLLM: a KV cache group's
@@ -359,8 +389,8 @@ class ModelSpec:
         ``layers * kv_latent_dim * dtype`` (one latent for K and V, on every rank). ``dtype`` is
         the stored element's (:attr:`kv_element_bytes`)."""
         index = self.kv_layers * self.kv_index_bytes   # (a sparse-attention indexer's keys: on every rank)
-        if self.kv_latent_dim is not None:
-            _check_tensor_parallel(tensor_parallel)
+        if self.kv_latent_dim is not None:  # (no KV heads to split, but the attention heads are)
+            self._check_attention_heads(_check_tensor_parallel(tensor_parallel))
             return self.kv_layers * self.latent_bytes + index
         heads = self.kv_heads_per_rank(tensor_parallel)
         return 2 * self.kv_layers * heads * self.head_dim * self.kv_element_bytes + index
@@ -690,6 +720,49 @@ def _stage_pools(model: ModelSpec, usable: int, weights: float, per_token: int, 
         if chosen is None or pool // per_block < chosen[3] // chosen[2]:
             chosen = (usable, stage_weights, per_block, pool)
     return chosen
+
+
+def gpu_weight_bytes(model: ModelSpec, tensor_parallel: int = 1, parallelism: Parallelism = SINGLE) -> float:
+    """Weight bytes the most loaded GPU holds: a rank's share (:meth:`ModelSpec.weight_bytes`), the
+    routed experts spread over every data-parallel rank's GPUs (a lockstep MoE deployment), and on a
+    pipeline the largest stage's -- its layers' share, the input embedding on the first, the LM
+    head on the last (as :func:`_stage_pools` splits them)."""
+    tp = _check_tensor_parallel(tensor_parallel)
+    weights = model.weight_bytes(tp)
+    if parallelism.lockstep and model.is_moe:
+        experts = model.expert_params * model.num_experts * model.expert_bytes_per_param
+        weights = weights - experts / tp + experts / (tp * parallelism.data_parallel)
+    stages = parallelism.pipeline_parallel
+    if stages <= 1:
+        return weights
+    table = model.lm_head_params * model.table_bytes_per_param / tp
+    body = weights - (model.embedding_params + model.lm_head_params) * model.table_bytes_per_param / tp
+    layers = stage_layers(model.num_layers, stages)
+    return max(body * n / model.num_layers + table * ((i == 0) + (i == stages - 1)) for i, n in enumerate(layers))
+
+
+def check_weights_fit(model: ModelSpec, gpu: GpuSpec, tensor_parallel: int = 1,
+                      parallelism: Parallelism = SINGLE) -> None:
+    """Refuse a deployment whose weights alone exceed a GPU's memory (:func:`gpu_weight_bytes`):
+    a cost model would time it as if it ran. A deployment whose weights fit but leave no room for
+    the KV cache is :func:`size_kv_cache`'s to refuse, when the experiment sizes one.
+
+    :raises ConfigError: the weights do not fit; the message names the model, the GPU, both sizes
+        and a tensor_parallel that fits (as :func:`size_kv_cache` suggests one)."""
+    tp = _check_tensor_parallel(tensor_parallel)
+    weights = gpu_weight_bytes(model, tp, parallelism)
+    if weights <= gpu.memory_bytes:
+        return
+    layout = f"tensor_parallel={tp}"
+    whose = "each rank's"
+    if parallelism.pipeline_parallel > 1:
+        layout += f", pipeline_parallel={parallelism.pipeline_parallel}"
+        whose = "the largest stage's"
+    better_tp = _smallest_fitting_tp(model, gpu, 0.9, tp, math.ceil(DEFAULT_ACTIVATION_RESERVE_GIB * GIB), 16)
+    fix = (f"use tensor_parallel = {better_tp} or a GPU with more memory" if better_tp
+           else "use a GPU with more memory (tensor parallelism up to 8 is not enough)")
+    raise ConfigError(f"{model.name} does not fit on {gpu.name} with {layout}: {whose} weights are {_gib(weights)}, "
+                      f"more than the GPU's {_gib(gpu.memory_bytes)} of memory; {fix}")
 
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,

@@ -45,8 +45,13 @@ from .errors import ConfigError
 #: Families whose MLP is two matrices (up, down) rather than gated (gate, up, down).
 UNGATED = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "starcoder2", "falcon", "opt", "phi", "bloom"})
 #: Families whose ``tie_word_embeddings`` defaults to true when the file leaves it out
-#: (transformers' per-model config defaults; PretrainedConfig's own default is also true).
-TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "starcoder2", "gpt2", "gpt_bigcode", "falcon"})
+#: (transformers' per-model config defaults; PretrainedConfig's own default is also true). OPT,
+#: BLOOM and Cohere among them: ``OPTConfig``, ``BloomConfig``, ``CohereConfig`` and
+#: ``Cohere2Config`` declare ``tie_word_embeddings: bool = True`` (transformers 5.20,
+#: ``models/{opt,bloom,cohere,cohere2}/configuration_*.py``), and facebook/opt-125m's config.json
+#: leaves the key out (its LM head is the embedding table: 125M parameters, not 162M).
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "starcoder2", "gpt2", "gpt_bigcode", "falcon",
+                             "opt", "bloom", "cohere", "cohere2"})
 #: Falcon's model types (vLLM's ``falcon_model_types``): multi-query unless ``new_decoder_architecture``.
 FALCON = frozenset({"falcon", "refinedweb", "refinedwebmodel"})
 #: Families with per-head RMSNorms on Q and K (Llama 4's is an L2 norm without weights).
@@ -282,6 +287,8 @@ def model_fields(config: dict, where: str) -> dict:
         fields["intermediate_size"] = written
     if experts and shared_count:
         fields["shared_experts"] = shared_count
+    if experts and 0 < moe_layers < layers:  # (some layers dense: their experts' fixed times are not paid)
+        fields["moe_layers"] = moe_layers
     context = _context_length(r)
     if context:
         fields["max_position_embeddings"] = context
@@ -374,6 +381,8 @@ def _hybrid_pattern_fields(r: _Reader, family: str, where: str) -> dict:
         fields["active_params"] = common + count["E"] * top_k * expert + tables
         if shared_count:
             fields["shared_experts"] = shared_count
+        if count["E"] < fields["num_layers"]:  # (the experts' fixed times: in the MoE layers only)
+            fields["moe_layers"] = count["E"]
     if count["M"]:
         conv_bytes = conv_dim * max(0, kernel - 1) * 2
         ssm_dtype = str(r.get("mamba_ssm_cache_dtype", r.get("mamba_ssm_dtype", "")))
@@ -618,6 +627,8 @@ def _weight_bytes(r: _Reader, where: str, moe: bool, named: tuple | None = None)
     if kept_params:
         weights = named[1]
         mean = (kept_params * 2.0 + (weights - kept_params) * per) / weights
+        if w8a8 and per == 1.0:  # the FP8 share of the dense GEMMs runs at the FP8 rate, the kept ones in 16 bits
+            fp8 = {**fp8, "fp8_weight_share": (weights - kept_params) / weights}
         return {"weight_dtype_bytes": mean, "table_dtype_bytes": 2.0,
                 **({"expert_dtype_bytes": per} if moe else {}), **fp8}
     if moe and any(_attention_module(m) for m in kept):   # (modules named otherwise: all but the experts kept)

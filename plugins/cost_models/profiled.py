@@ -97,7 +97,7 @@ from bisect import bisect_right
 
 import attrs
 
-from schedlab.capacity import ModelSpec, Presets
+from schedlab.capacity import ModelSpec, Presets, check_weights_fit
 from schedlab.configs import MAX_TENSOR_PARALLEL, bool_field, float_field, int_field, path_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.parallelism import SINGLE, Parallelism
@@ -474,11 +474,16 @@ class ProfiledCostModel:
 
 
 def build_profiled(config: ProfiledConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> ProfiledCostModel:
-    """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets."""
+    """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets.
+
+    :raises ConfigError: with a ``gpu``, the model's weights alone exceed its memory at this split
+        (:func:`schedlab.capacity.check_weights_fit`)."""
     model = presets.model(config.model)
     check_expert_parallel(config, model)
     topology = None
     gpu = presets.gpu(config.gpu) if config.gpu is not None else None
+    if gpu is not None:
+        check_weights_fit(model, gpu, config.tensor_parallel, parallelism)
     if config.tensor_parallel > 1 or parallelism.lockstep or parallelism.pipelined:
         if config.tensor_parallel == 1 and config.gpu is None and config.interconnect is None:
             raise ConfigError("profiled cost model: data or pipeline parallelism needs the machine's links: set "
@@ -515,11 +520,40 @@ def check_bundle_model(bundle: ProfileBundle, model: ModelSpec) -> None:
         return
     declared = model.hf_id or model.name
     if _same_model(profiled, declared):
+        _check_bundle_variant(bundle, model, profiled, declared)
         return
     hint = (f"use the model this bundle profiles, or a bundle of {model.hf_id!r}" if model.hf_id else
             f"if {model.name!r} is that model, declare hf_id = {profiled!r} in its [models.{model.name}] table")
     raise BundleError(f"{bundle.root / 'meta.yaml'}: the bundle profiles {profiled!r}, but the cost model's "
                       f"model is {model.name!r} ({model.hf_id or 'no hf_id'}); {hint}")
+
+
+#: bundle variants (``meta.yaml: variant``) whose kernels multiply 16-bit weights
+SIXTEEN_BIT_VARIANTS = frozenset({"bf16", "bfloat16", "fp16", "float16", "half"})
+#: a quantised checkpoint's id names its format: ``Qwen/Qwen3-32B-AWQ``, ``...-FP8``, ``...-GPTQ-Int4``
+QUANTISED_ID = re.compile(r"(?:^|[-_./])(awq|gptq|fp8|fp4|nvfp4|mxfp4|int4|int8|w4a16|w8a8|w8a16|bnb|4bit|8bit)"
+                          r"(?=$|[-_./])", re.IGNORECASE)
+
+
+def _check_bundle_variant(bundle: ProfileBundle, model: ModelSpec, profiled: str, declared: str) -> None:
+    """Warn when a bundle of 16-bit kernels (``meta.yaml: variant: bf16``) times a quantised
+    variant of its model -- weights (or routed experts) not at 2 bytes, or an id naming a
+    quantisation the profiled one does not (``Qwen/Qwen3-32B-AWQ`` against ``Qwen/Qwen3-32B``):
+    the id check accepts it as the same shapes, but the times are the 16-bit kernels'."""
+    variant = bundle.meta.get("variant")
+    if not isinstance(variant, str) or variant.strip().lower() not in SIXTEEN_BIT_VARIANTS:
+        return
+    named = QUANTISED_ID.search(declared) if not QUANTISED_ID.search(profiled) else None
+    sizes = {model.weight_bytes_per_param, model.expert_bytes_per_param if model.is_moe else 2.0}
+    if named is None and sizes == {2.0}:
+        return
+    why = (f"its id names a quantisation ({named.group(1)})" if named is not None else
+           f"its weights are {model.weight_bytes_per_param:g} bytes each"
+           + (f", its routed experts' {model.expert_bytes_per_param:g}" if model.is_moe else ""))
+    warnings.warn(f"{bundle.root / 'meta.yaml'}: the bundle's variant is {variant} (16-bit kernels), but the cost "
+                  f"model's model {model.name!r} ({declared}) is quantised -- {why}: its steps are timed as the "
+                  f"16-bit model's; use a bundle profiled with that checkpoint, or the roofline cost model",
+                  BundleWarning, stacklevel=4)
 
 
 #: GPU families a bundle's hardware and a GPU preset are told apart by: a name (lowercase,

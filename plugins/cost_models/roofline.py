@@ -15,7 +15,8 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
               FLOPs per KV byte in DeepSeek-V3 at tensor parallel 1; measured in vLLM, Hopper's
               kernel reaches 0.62-0.71 of the bf16 peak, Triton's on Ampere and Ada 0.06-0.10,
               tools/derive_latent_attention.py. Grouped-query attention does 2 x group /
-              dtype_bytes FLOPs a byte, well under any ridge)
+              dtype_bytes FLOPs a byte, under the ridge but for multi-query or large groups:
+              its FLOPs are bounded at attention_efficiency, FlashAttention's rate)
              + num_decode * layers * decode_attention_us / 1000
              (with a prefill chunk, in FlashAttention 2's varlen kernel: at least
               mixed_decode_query_rows query rows of attention FLOPs per decode context token
@@ -30,6 +31,7 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
              a chunk), mixed_skew_alpha for FlashAttention 2's varlen kernel beside a chunk,
              which has no split-KV for them: the longest context's tiles finish last
            + prefill attention FLOPs / (TFLOPS * attention_efficiency)
+             (a sliding-window or chunked layer's query over at most its window's keys)
            + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
              2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
              all-gather; NCCL's algorithms over the machine's links, :mod:`.collectives`)
@@ -64,7 +66,8 @@ run at ``eta`` of the tokens each expert gets times ``expert_gemm_share`` (the f
 their weights are read at ``expert_read_share`` of the dense read, each expert read costs
 ``expert_us`` besides (a narrow expert, as tensor parallelism makes them, does not reach the
 bandwidth), and every MoE layer adds
-``expert_layer_us`` (routing and sorting the tokens by expert). Experts whose weights are FP8 and
+``expert_layer_us`` (routing and sorting the tokens by expert; ``moe_layers`` of them where some
+layers are dense, as DeepSeek-V3's first three). Experts whose weights are FP8 and
 multiply FP8 activations take the GPU's ``fp8_`` expert settings, 4-bit experts its ``w4a16_`` ones
 (other kernels: :data:`EXPERT_KERNELS`). With ``expert_parallel`` the experts are
 spread over the ranks instead of split (the same bytes and FLOPs per rank in this model).
@@ -102,7 +105,9 @@ import math
 import attrs
 import numpy as np
 
-from schedlab.capacity import GpuSpec, ModelSpec, Presets, kv_cache_dtype_field, with_kv_cache_dtype
+from schedlab.capacity import (
+    GpuSpec, ModelSpec, Presets, check_weights_fit, kv_cache_dtype_field, with_kv_cache_dtype,
+)
 from schedlab.configs import MAX_TENSOR_PARALLEL, FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.parallelism import SINGLE, Parallelism
@@ -236,9 +241,10 @@ def default_latent_decode_efficiency(gpu: GpuSpec) -> float:
     return LATENT_DECODE_POOLED["flash" if cc is not None and 9.0 <= cc < 11.0 else "triton"]
 
 
-def _measured(name: str, help: str, *, share: bool = True):
-    """An efficiency setting: unset takes the GPU's measured value, else :data:`DERIVATION`'s."""
-    return float_field(None, min=0.0, min_exclusive=share, max=1.0 if share else None, optional=True,
+def _measured(name: str, help: str, *, share: bool = True, positive: bool = False):
+    """An efficiency setting: unset takes the GPU's measured value, else :data:`DERIVATION`'s.
+    ``share``: in (0, 1]; else >= 0, or > 0 with ``positive`` (a divisor: 0 would divide by it)."""
+    return float_field(None, min=0.0, min_exclusive=share or positive, max=1.0 if share else None, optional=True,
                        help=f"{help} (unset: the GPU preset's measured value, else {DERIVATION[name]:g})")
 
 
@@ -303,10 +309,11 @@ class RooflineConfig:
                      "does not reach the bandwidth), us; FP8 and 4-bit experts take the GPU's fp8_ and w4a16_ "
                      "values of every expert setting", share=False)
     expert_read_share: float | None = _measured(
-        "expert_read_share", "the experts' weights are read at this share of bandwidth_efficiency", share=False)
+        "expert_read_share", "the experts' weights are read at this share of bandwidth_efficiency (> 0)", share=False,
+        positive=True)
     expert_gemm_share: float | None = _measured(
         "expert_gemm_share", "the fused MoE kernel's GEMMs reach this share of the dense GEMM efficiency at as many "
-                             "rows per expert", share=False)
+                             "rows per expert (> 0)", share=False, positive=True)
     decode_skew_alpha: float | None = _measured(
         "decode_skew_alpha", "uneven decode contexts: share of the gap to every decode at the longest context that "
                              "a decode-only step's attention takes", share=False)
@@ -366,9 +373,15 @@ class RooflineCostModel:
         self._kv_ms_per_token = w.decode_bytes_per_token / (bw * c.kv_read_efficiency)
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         #: a decode's attention per context token: its KV's read, or its FLOPs where they take
-        #: longer (latent attention decoded absorbed, many heads per GPU)
+        #: longer -- latent attention decoded absorbed, many heads per GPU, at the MLA kernels'
+        #: latent_decode_efficiency; other attention (GQA, MQA: FlashAttention, whose decodes
+        #: pack a KV head's query heads together) at the attention kernels' attention_efficiency,
+        #: not at the MLA kernels' rate (10% of the peak on A100: Falcon-7B's 71 query heads over
+        #: one KV head were timed 4.2x their KV read)
         latent_flops_per_ms = self._peak_flops_per_ms * c.latent_decode_efficiency
-        self._decode_ms_per_token = max(self._kv_ms_per_token, w.decode_attention_flops_per_pair / latent_flops_per_ms)
+        decode_flops_per_ms = latent_flops_per_ms if model.kv_latent_dim is not None \
+            else self._attention_flops_per_ms
+        self._decode_ms_per_token = max(self._kv_ms_per_token, w.decode_attention_flops_per_pair / decode_flops_per_ms)
         #: a decode's read of its window layers' KV: at most the window, taken as all of it
         #: (schedlab.kv_window; 0 without window layers), whatever the cache keeps of them; and
         #: DSA's sparse attention over its keys, every slot run (a context shorter than them
@@ -389,8 +402,10 @@ class RooflineCostModel:
         self._lm_flops_per_row = 2.0 * lm_head / tp
         self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
             / (self._weight_bytes_per_ms * c.expert_read_share)  # one expert
-        self._expert_fixed_ms = model.num_layers * c.expert_layer_us * 1e-3 if model.is_moe else 0.0
-        self._expert_each_ms = model.num_layers * c.expert_us * 1e-3  # per expert read, all layers
+        # the MoE layers' fixed times (DeepSeek-V3's first 3 layers, Llama-4-Maverick's every other one
+        # are dense: moe_layers)
+        self._expert_fixed_ms = model.moe_layer_count * c.expert_layer_us * 1e-3
+        self._expert_each_ms = model.moe_layer_count * c.expert_us * 1e-3  # per expert read, all MoE layers
         # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
         self._row_read_ms = (model.hidden_size or 0) * t / tp / self._weight_bytes_per_ms if embedding else 0.0
         self._dense_flops_per_token = w.dense_flops_per_token  # (the embedding and the LM head apart)
@@ -401,8 +416,13 @@ class RooflineCostModel:
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
         self._attention_flops_per_pair = w.attention_flops_per_pair
-        self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
+        # (a padded decode's query rows over its context in the full-attention layers, over at
+        # most the window in the window layers)
+        self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * w.full_flops_per_pair \
             / self._attention_flops_per_ms
+        self._mixed_window_rows_ms_per_token = c.mixed_decode_query_rows * w.window_flops_per_pair \
+            / self._attention_flops_per_ms
+        self._window = w.window
         self._mixed_offset = c.mixed_decode_context_offset
         # per decode and empty query tile, all layers (see empty_tile_ns)
         self._empty_tile_ms = model.num_layers * heads / tp * c.empty_tile_ns * 1e-6
@@ -465,7 +485,17 @@ class RooflineCostModel:
             # one prompt token added to a decode-only step made it cheaper).
             padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens
                                                       + batch.num_decode * self._mixed_offset)
-            decodes = max(alone, padded + self._mixed_skew * self._mixed_rows_ms_per_token * excess)
+            padded += self._mixed_skew * self._mixed_rows_ms_per_token * excess
+            if self._mixed_window_rows_ms_per_token:
+                # the window layers: each decode's context up to the window (sum min(ctx, W) taken as
+                # min(sum, n W), exact when every context is under the window or every one past it),
+                # and the longest context's excess, up to the window too
+                seen = min(batch.decode_context_tokens, batch.num_decode * self._window)
+                longest = batch.num_decode * min(batch.decode_context_max, self._window) - seen \
+                    if batch.decode_context_max else 0
+                padded += self._mixed_window_rows_ms_per_token * (
+                    seen + batch.num_decode * self._mixed_offset + self._mixed_skew * longest)
+            decodes = max(alone, padded)
         ms = self.tokens_ms(tokens) + decodes + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
@@ -596,7 +626,7 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         total = self.iteration_ms(batch)
         host = max(0.0, total - self.gpu_ms(batch, tokens)) if tokens else 0.0  # the host's share, before stage 1
-        logits = self.logits_ms(sequences) if self.comm else 0.0
+        logits = self.logits_ms(sequences)  # the LM head (and at TP > 1 its gather): on the last stage
         stages = split_stages(total, host, logits, self.sends.layers)
         return stages, self.sends.send_ms(batch.num_batched_tokens)
 
@@ -740,7 +770,12 @@ def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec, model: ModelSpec 
 
 
 def build_roofline(config: RooflineConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> RooflineCostModel:
-    """Factory: resolve the config's model and GPU names through ``presets``."""
+    """Factory: resolve the config's model and GPU names through ``presets``.
+
+    :raises ConfigError: the model's weights alone exceed the GPU's memory at this split
+        (:func:`schedlab.capacity.check_weights_fit`: a run that could not load)."""
     model = presets.model(config.model)
     check_expert_parallel(config, model)
-    return RooflineCostModel(model, presets.gpu(config.gpu), config, parallelism=parallelism)
+    gpu = presets.gpu(config.gpu)
+    check_weights_fit(model, gpu, config.tensor_parallel, parallelism)
+    return RooflineCostModel(model, gpu, config, parallelism=parallelism)

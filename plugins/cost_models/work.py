@@ -13,7 +13,8 @@ Per GPU of an instance of ``tp`` tensor-parallel ranks, in an iteration of ``T``
   attention reaches back over;
 * flops: ``2 x active params / tp`` per token (the routed experts' ``2 x k x expert params``
   among them) and attention's ``2 x layers x heads x (qk_head_dim + head_dim) / tp`` per (query,
-  key) pair -- ``4 x layers x heads x head_dim / tp`` with equal heads; a latent-attention decode,
+  key) pair -- ``4 x layers x heads x head_dim / tp`` with equal heads, a sliding-window (or chunked)
+  layer's queries each over at most its window's keys; a latent-attention decode,
   absorbed as vLLM runs it, multiplies its query by the ``kv_latent_dim`` latent and its weights
   by the latent less the RoPE part: ``2 x layers x heads x (2 latent - rope) / tp``.
   They are counted at the rate of the GPU's bf16 peak, which power models divide by: where the
@@ -60,11 +61,17 @@ def gemm_factors(model: ModelSpec, gpu) -> tuple[float, float]:
     """``(dense, experts)``: what a FLOP of the dense and of the routed experts' GEMMs counts at the
     bf16 peak's rate on ``gpu`` (a :class:`~schedlab.capacity.GpuSpec`, or None: 1). FP8 weights
     that meet FP8 activations (``model.fp8_activations``) multiply at ``fp8_tflops`` where the GPU
-    has FP8 tensor cores: ``bf16_tflops / fp8_tflops``; every other GEMM: 1."""
+    has FP8 tensor cores: ``bf16_tflops / fp8_tflops``; every other GEMM: 1. A checkpoint that
+    keeps some of its dense projections in 16 bits (``model.fp8_weight_share`` of the dense weights
+    in FP8) counts ``share x ratio + (1 - share)``: its FP8 GEMMs at the FP8 rate, the kept ones at
+    the bf16 rate (not all of them at the bf16 rate once one module is kept)."""
     if gpu is None or not (model.fp8_activations and gpu.fp8_tflops):
         return 1.0, 1.0
     ratio = gpu.bf16_tflops / gpu.fp8_tflops
-    return (ratio if model.weight_bytes_per_param == 1.0 else 1.0,
+    share = model.fp8_weight_share
+    if share is None:
+        share = 1.0 if model.weight_bytes_per_param == 1.0 else 0.0
+    return (share * ratio + (1.0 - share),
             ratio if model.expert_bytes_per_param == 1.0 else 1.0)
 
 
@@ -114,6 +121,14 @@ class ModelWork:
         heads = 2.0 * m.num_layers * (m.num_attention_heads or 0) / tp
         #: a prefill's QK^T and attention-times-V per (query, key) pair
         self.attention_flops_per_pair = heads * ((m.qk_head_dim or m.head_dim) + m.head_dim)
+        #: the layers whose queries each attend to at most ``window`` keys (sliding-window and
+        #: chunked layers, and the constant-state layers hf_config maps onto them): their share of
+        #: those FLOPs; 0 without window layers
+        self.window = m.sliding_window or 0
+        window_layers = m.sliding_window_layers if self.window else 0
+        self.window_flops_per_pair = self.attention_flops_per_pair * window_layers / m.num_layers
+        #: and the full-attention layers' share
+        self.full_flops_per_pair = self.attention_flops_per_pair - self.window_flops_per_pair
         #: a decode's: latent attention absorbed (vLLM's MLA decode: ``q W_UK`` against the latent
         #: and its RoPE key, the weights against the latent) -- about 3.4x a prefill's in DeepSeek-V3
         self.latent_flops_per_pair = heads * (2 * m.kv_latent_dim - m.kv_rope_dim) \
@@ -150,14 +165,19 @@ class ModelWork:
         """Attention FLOPs of the prefill part of an iteration: a chunk of ``c`` tokens after ``p``
         cached ones has ``c * p + c * (c + 1) / 2`` causal pairs. A :class:`Batch` only carries
         sums, so the chunks are taken to be of equal length (exact for one prefill; for several
-        it undercounts the ``c**2`` part, by Cauchy-Schwarz). Latent attention adds the cached
-        tokens' expansion into keys and values; sparse attention caps each query's pairs at
-        ``sparse_keys``, absorbed, and adds the indexer over every causal pair."""
+        it undercounts the ``c**2`` part, by Cauchy-Schwarz). Sliding-window (and chunked) layers
+        cap each query's pairs at their window (:func:`capped_pairs`; a chunked layer's query sees
+        at most its chunk). Latent attention adds the cached tokens' expansion into keys and
+        values; sparse attention caps each query's pairs at ``sparse_keys``, absorbed, and adds
+        the indexer over every causal pair."""
         n = max(1, num_prefill)
         c, p = prefill_tokens / n, prefill_context_tokens / n
         pairs = n * (c * p + c * (c + 1) / 2)
         if not self.sparse_keys:
-            return self.attention_flops_per_pair * pairs + self.context_expand_flops_per_token * prefill_context_tokens
+            flops = self.full_flops_per_pair * pairs + self.context_expand_flops_per_token * prefill_context_tokens
+            if self.window_flops_per_pair:
+                flops += self.window_flops_per_pair * n * capped_pairs(c, p, self.window)
+            return flops
         return self.latent_flops_per_pair * n * capped_pairs(c, p, self.sparse_keys) \
             + self.index_flops_per_key * pairs
 
