@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from schedlab.capacity import Presets
 from schedlab.catalog import load_catalog
 from schedlab.engine import driver as driver_module
-from schedlab.engine.load import RoutingClock
 from schedlab.engine.pool import LoadIndex, kv_key, outstanding_key
 from schedlab.engine.recorder import Recorder
 from schedlab.model import Request

@@ -49,7 +49,7 @@ import attrs
 import numpy as np
 
 from schedlab.configs import (
-    MAX_REQUESTS, MAX_TIME_MS, FieldError, float_field, is_finite_number, str_field, table_field, value_text,
+    MAX_REQUESTS, MAX_TIME_MS, FieldError, float_field, is_finite_number, str_field, value_text,
 )
 from schedlab.errors import WorkloadError
 
