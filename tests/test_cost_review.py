@@ -394,3 +394,19 @@ def test_a_profiled_model_whose_weights_exceed_its_gpu_is_refused():
         build_profiled(ProfiledConfig(profile=bundle, model="llama-3.1-8b", gpu="gpu-8gib"), presets)
     # without a gpu nothing is known of the memory: not checked
     assert build_profiled(ProfiledConfig(profile=bundle, model="llama-3.1-8b"), presets)
+
+
+def test_dispatch_and_combine_run_around_the_moe_layers_only():
+    """DeepSeek-V3 data-parallel over 8 GPUs with expert parallelism: the all-gather and
+    reduce-scatter around the experts are paid by its 58 MoE layers, not its 61 (the first three
+    are dense)."""
+    from schedlab_plugins.cost_models.expert_parallel import ExpertLayers
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES
+
+    model = PRESETS.model("deepseek-v3")
+    assert (model.num_layers, model.moe_layer_count) == (61, 58)
+    layout = Parallelism(data_parallel=8, expert_parallel=True)
+    layers = ExpertLayers(model, layout, 1, TOPOLOGIES["dgx-h100"], lambda tokens, experts: 0.0)
+    c = layers.collectives
+    one_layer = c.all_gather_ms(8 * 16 * (7168 + 256) * 2) + c.reduce_scatter_ms(8 * 16 * 7168 * 2)
+    assert layers.step_ms([16] * 8) == pytest.approx(58 * one_layer)

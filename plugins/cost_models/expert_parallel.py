@@ -39,8 +39,9 @@ GPUs one more); a real router is skewed (some experts are popular), and the busi
 receives ``1 / balancedness`` of that, up to every token's pairs that its experts can take.
 The step waits for it.
 
-Not modelled: DeepEP / pplx all-to-all kernels (``all2all_backend``), redundant experts and
-EPLB's rebalancing, dense layers before the first MoE layer (DeepSeek's first three).
+Dispatch and combine run around the MoE layers only (``moe_layers``: DeepSeek-V3's first three
+layers are dense). Not modelled: DeepEP / pplx all-to-all kernels (``all2all_backend``), redundant
+experts and EPLB's rebalancing.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class ExpertLayers:
         self.local_experts = -(-model.num_experts // self.gpus)
         self.experts = model.num_experts
         self.top_k = model.experts_per_token
-        self.layers = model.num_layers
+        self.layers = model.moe_layer_count   # (dispatch and combine around each MoE layer only)
         self._dispatch_bytes = (model.hidden_size + model.num_experts) * model.dtype_bytes
         self._combine_bytes = model.hidden_size * model.dtype_bytes
         per_node = min(d, max(1, topology.gpus_per_node // tensor_parallel))
