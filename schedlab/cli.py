@@ -38,7 +38,7 @@ from .errors import (PLUGIN_RAISES, TRACEBACK_ENV, ConfigError, InputWarning, Pl
                      plugin_error)
 from .interrupts import SignalGuard, acknowledge, by_signal, stop_status
 from .results import index_page
-from .results.folder import StagedFiles, StagedFolder, record_entries
+from .results.folder import MANIFEST, StagedFiles, StagedFolder, record_entries
 from .study.experiment import check_report_studies
 from .study.simulation import build_component, component_config
 
@@ -235,11 +235,18 @@ def cmd_plot(args) -> int:
     out = Path(args.dir)
     with StagedFiles(out) as stage:  # a full disk leaves the folder as it was
         report.write(results, stage.path)
+        # The manifest lists the new files before any is moved in (a name listed before its file is
+        # there is harmless): a failure or a stop between the two left plots/ unlisted, and the next
+        # run refused the folder as holding files schedlab did not write.
+        try:
+            record_entries(out, [*stage.files(), "index.html"])
+        except OSError as exc:
+            raise SchedlabError(f"{out}: cannot update its {MANIFEST}: {exc.strerror or exc}; nothing in the "
+                                "folder was changed") from None
         written = stage.commit()
     try:
-        index = index_page.write(out, results, table_text=text, experiment_settings=None,
-                                 run_settings=_saved_run_settings(out))
-        record_entries(out, [p.relative_to(out).parts[0] for p in (*written, index)])
+        index_page.write(out, results, table_text=text, experiment_settings=None,
+                         run_settings=_saved_run_settings(out))
     except OSError as exc:
         if (out / "index.html").is_dir():  # (plot again would fail alike)
             raise SchedlabError(f"{out / 'index.html'}: is a folder, so the page cannot be written there (the plots "

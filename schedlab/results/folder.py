@@ -29,12 +29,17 @@ folder it points to is replaced (staged beside it, so the rename stays on its fi
 
 Because ``DIR`` is replaced as a whole, an existing ``DIR`` must be empty or a results folder
 that holds nothing schedlab did not write: every results folder gets a manifest
-(:data:`MANIFEST`, listing its top-level files and folders), and a folder with files the
-manifest does not list (notes, a source tree) is refused rather than emptied, as is a
-mistyped ``--out ~``. A folder written before manifests existed counts as a results folder
-when its ``index.html`` carries schedlab's generator tag or its ``summary.json`` (or a hunt's
-``hunt.json``) is one schedlab wrote. ``DIR`` must not hold a file the run reads either (the
-experiment file, a request file): replacing the folder would delete it. Folders and files get
+(:data:`MANIFEST`, listing its top-level files and folders and every file under them), and a
+folder with files the manifest does not list (notes, a source tree, a figure saved into
+``plots/``) is refused rather than emptied, as is a mistyped ``--out ~``. (A manifest of an
+older schedlab lists the top-level names only: the files inside its folders are not checked.)
+``DIR`` is checked when the run starts and again just before it is replaced: files added to it
+while the run ran keep it as it is, and the results go beside it into ``DIR.new-<pid>`` (the
+command says so, naming both, and exits with status 2). A folder written before manifests
+existed counts as a results folder when its ``index.html`` carries schedlab's generator tag or
+its ``summary.json`` (or a hunt's ``hunt.json``) is one schedlab wrote. ``DIR`` must not hold
+a file the run reads either (the experiment file, a request file): replacing the folder would
+delete it. Folders and files get
 the usual permissions (``0o777`` and ``0o666`` less the umask), as ``mkdir`` and ``open`` would give.
 """
 
@@ -56,7 +61,8 @@ from .owners import owner_gone
 
 INDEX = "index.html"
 GENERATOR_TAG = '<meta name="generator" content="schedlab">'
-#: The hidden file listing what schedlab wrote in a results folder (top-level names).
+#: The hidden file listing what schedlab wrote in a results folder: its top-level names
+#: (``entries``) and every file by relative path (``files``; not in an older schedlab's).
 MANIFEST = ".schedlab-results"
 #: Files a desktop's file browser leaves in any folder it shows: replacing them loses nothing.
 BROWSER_LITTER = (".DS_Store", "Thumbs.db", "desktop.ini")
@@ -105,20 +111,48 @@ def target_of(out: str | os.PathLike) -> Path:
 
 
 def write_manifest(folder: Path) -> None:
-    """List ``folder``'s top-level entries in its :data:`MANIFEST` (a folder being staged: no one else writes it)."""
+    """List ``folder``'s top-level entries and every file under it in its :data:`MANIFEST` (a
+    folder being staged: no one else writes it)."""
     names = sorted(n for n in os.listdir(folder) if n != MANIFEST)
+    files = _files_under(folder, names)
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:
-        fh.write(_manifest_text(names))
+        fh.write(_manifest_text(names, files))
 
 
-def _manifest_text(names: Iterable[str]) -> str:
-    return json.dumps({"written_by": "schedlab", "entries": sorted(names),
-                       "note": "what schedlab wrote here; schedlab replaces this folder only while it holds "
-                               "nothing else"}, indent=1) + "\n"
+def _files_under(folder: Path, names: Iterable[str]) -> list[str]:
+    """The files (anything not a folder, a symbolic link included) among ``names`` in ``folder``
+    and under those of them that are folders, as relative paths with ``/``."""
+    found = []
+    for name in sorted(names):
+        path = folder / name
+        if _is_folder(path):
+            for entry in sorted(os.listdir(path)):
+                found += _files_under(folder, [f"{name}/{entry}"])
+        else:
+            found.append(name)
+    return found
 
 
-def manifest_entries(folder: Path) -> set[str] | None:
-    """The names ``folder``'s manifest lists, or None when it has none (or one schedlab did not write)."""
+def _is_folder(path: Path) -> bool:
+    """A folder itself, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _manifest_text(names: Iterable[str], files: Iterable[str] | None) -> str:
+    data = {"written_by": "schedlab", "entries": sorted(names)}
+    if files is not None:
+        data["files"] = sorted(files)
+    data["note"] = "what schedlab wrote here; schedlab replaces this folder only while it holds nothing else"
+    return json.dumps(data, indent=1) + "\n"
+
+
+def read_manifest(folder: Path) -> tuple[set[str], set[str] | None] | None:
+    """What ``folder``'s manifest lists: its top-level names, and the relative path (with ``/``)
+    of every file under it -- None for a manifest an older schedlab wrote, which lists only the
+    top-level names. None as a whole when there is no manifest (or one schedlab did not write)."""
     try:
         data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -126,18 +160,35 @@ def manifest_entries(folder: Path) -> set[str] | None:
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(n, str) for n in entries):
         return None
-    return set(entries)
+    files = data.get("files")
+    if not isinstance(files, list) or not all(isinstance(n, str) for n in files):
+        files = None
+    return set(entries), (set(files) if files is not None else None)
 
 
-def record_entries(folder: str | os.PathLike, names: Iterable[str]) -> None:
-    """Add ``names`` (written into results folder ``folder`` in place, e.g. by ``schedlab plot``)
-    to its manifest; a folder without one (written by an older schedlab) is left without."""
+def manifest_entries(folder: Path) -> set[str] | None:
+    """The top-level names ``folder``'s manifest lists, or None when it has none (or one schedlab did not write)."""
+    manifest = read_manifest(folder)
+    return manifest[0] if manifest is not None else None
+
+
+def record_entries(folder: str | os.PathLike, paths: Iterable[str | os.PathLike]) -> None:
+    """Add ``paths`` (files written into results folder ``folder`` in place, e.g. by ``schedlab
+    plot``, relative to it) to its manifest: their top-level names, and the paths themselves to
+    its list of files (a manifest of an older schedlab, which lists only top-level names, stays
+    so). A folder without a manifest (written by an older schedlab still) is left without."""
     from .storage import atomic_write  # storage imports this module
 
     folder = Path(folder)
-    listed = manifest_entries(folder)
-    if listed is not None and not set(names) <= listed:
-        atomic_write(folder / MANIFEST, _manifest_text(listed | set(names)))
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return
+    listed, files = manifest
+    paths = {Path(p).as_posix() for p in paths}
+    names = {p.split("/", 1)[0] for p in paths}
+    if names <= listed and (files is None or paths <= files):
+        return
+    atomic_write(folder / MANIFEST, _manifest_text(listed | names, files | paths if files is not None else None))
 
 
 # -- what may be replaced ------------------------------------------------------------------------------------
@@ -181,24 +232,69 @@ def _json_file(path: Path):
         return None
 
 
-def replace_problem(folder: Path) -> str | None:
-    """Why the existing folder ``folder`` may not be replaced by a results folder, or None (see the module doc)."""
+def foreign_files(folder: Path, names: Iterable[str], files: set[str]) -> list[str]:
+    """The files under the folders among ``names`` (top-level names a manifest lists) that its
+    list of ``files`` does not hold (nor are browser litter, or a listed file's interrupted write),
+    as relative paths. Symbolic links are not followed (replacing the folder removes the link only).
+    :raises OSError: a folder cannot be listed."""
+    foreign = []
+    for name in sorted(names):
+        if not _is_folder(folder / name):
+            continue
+        for entry in sorted(os.listdir(folder / name)):
+            path = f"{name}/{entry}"
+            if _is_folder(folder / path):
+                foreign += foreign_files(folder, [path], files)
+            elif not (path in files or entry in BROWSER_LITTER or _leftover_of(entry, name, files)):
+                foreign.append(path)
+    return foreign
+
+
+def _leftover_of(entry: str, under: str, files: set[str]) -> bool:
+    """``entry`` (in folder ``under``) is an interrupted write's temporary copy of a listed file."""
+    return any(m is not None and f"{under}/{m.group('name')}" in files and not entry.endswith(".old")
+               for m in (_LEFTOVER.fullmatch(entry), _OWNED.fullmatch(entry)))
+
+
+def _foreign_content(folder: Path) -> tuple[str, str] | None:
+    """What in the existing folder ``folder`` is not schedlab's, or None: ``("files", "a, b and 2
+    more")`` (files its manifest does not list), ``("other", "")`` (no manifest, and not a folder an
+    older schedlab wrote) or ``("unreadable", reason)``."""
     try:
         names = set(os.listdir(folder))
     except OSError as exc:
-        return f"cannot list the folder's files: {_why(exc)}"
+        return "unreadable", _why(exc)
     if not names:
         return None
-    listed = manifest_entries(folder) if MANIFEST in names else None
-    if listed is not None:
+    manifest = read_manifest(folder) if MANIFEST in names else None
+    if manifest is not None:
+        listed, files = manifest
         foreign = foreign_entries(names, listed)
+        if files is not None:  # (an older manifest lists top-level names only: nothing to check under them)
+            try:
+                foreign += foreign_files(folder, names & listed, files)
+            except OSError as exc:
+                return "unreadable", _why(exc)
         if not foreign:
             return None
-        shown = ", ".join(foreign[:SHOWN]) + (f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else "")
-        return (f"holds files schedlab did not write ({shown}); a run replaces its results folder whole, "
-                "so move them or name another folder")
+        return "files", ", ".join(foreign[:SHOWN]) + (f" and {len(foreign) - SHOWN} more"
+                                                      if len(foreign) > SHOWN else "")
     if _written_by_older_schedlab(folder, names):
         return None
+    return "other", ""
+
+
+def replace_problem(folder: Path) -> str | None:
+    """Why the existing folder ``folder`` may not be replaced by a results folder, or None (see the module doc)."""
+    found = _foreign_content(folder)
+    if found is None:
+        return None
+    kind, shown = found
+    if kind == "unreadable":
+        return f"cannot list the folder's files: {shown}"
+    if kind == "files":
+        return (f"holds files schedlab did not write ({shown}); a run replaces its results folder whole, "
+                "so move them or name another folder")
     return (f"is a folder with other files in it (not one schedlab wrote: no {MANIFEST}, nor an index.html or "
             "summary.json of schedlab's); a run replaces its results folder whole, so name a new or empty folder")
 
@@ -360,7 +456,12 @@ class StagedFolder:
         return self
 
     def commit(self) -> Path:
-        """Put the staged folder in place of ``out`` (renaming any previous one aside first)."""
+        """Put the staged folder in place of ``out`` (renaming any previous one aside first).
+
+        ``out`` is checked again first (:func:`replace_problem`; files may have been added while the
+        run ran). Should it now hold files schedlab did not write, it is left as it is and the
+        results go beside it instead, into ``<out>.new-<pid>`` (:attr:`beside`), and
+        :class:`~schedlab.errors.ConfigError` names both folders."""
         out, target, staged = self.out, self.target, self.path
         try:
             write_manifest(staged)
@@ -368,6 +469,9 @@ class StagedFolder:
             raise ConfigError(f"--out {out}: cannot write {out / MANIFEST}: {_why(exc)}; no results were written "
                               "(a previous results folder is left as it was)") from None
         with _signals_deferred():
+            found = self._changed_meanwhile()
+            if found is not None:
+                self._put_beside(found)
             try:
                 if target.is_dir() and os.listdir(target):
                     old = Path(tempfile.mkdtemp(prefix=staging_prefix(target.name), suffix=".old",
@@ -382,6 +486,48 @@ class StagedFolder:
             self.committed = True
         remove_abandoned(target.parent, [target.name], ".old")  # previous results a killed run set aside
         return out
+
+    #: Where :meth:`commit` put the results when ``out`` could not be replaced, or None.
+    beside: Path | None = None
+
+    def _changed_meanwhile(self) -> str | None:
+        """What now keeps ``out`` from being replaced (it was checked when the run started), or None."""
+        target = self.target
+        if not _exists(target):
+            return None
+        if not target.is_dir():
+            return "it is no longer a folder"
+        found = _foreign_content(target)
+        if found is None:
+            return None
+        kind, shown = found
+        if kind == "files":
+            return f"files schedlab did not write were added to it while the run ran ({shown})"
+        if kind == "unreadable":
+            return f"its files cannot be listed any more ({shown})"
+        return (f"it now holds other files (and no {MANIFEST}, nor an index.html or summary.json of "
+                "schedlab's)")
+
+    def _put_beside(self, why: str) -> None:
+        """Move the staged results to ``<out>.new-<pid>`` beside ``out``, which stays as it is, and say so."""
+        out, target = self.out, self.target
+        shown_parent = out.parent if target == out else target.parent
+        pid, extra = os.getpid(), 0
+        while True:
+            name = f"{target.name}.new-{pid}" + (f"-{extra}" if extra else "")
+            if not _exists(target.parent / name):
+                break
+            extra += 1
+        beside, shown = target.parent / name, shown_parent / name
+        try:
+            os.rename(self.path, beside)
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: {why}, so it was not replaced; the new results could not be put "
+                              f"beside it either ({shown}: {_why(exc)}): no results were written (the folder is "
+                              "left as it was)") from None
+        self.path, self.beside = None, beside  # (nothing staged is left to delete)
+        raise ConfigError(f"--out {out}: {why}, so it is left as it was; the new results are in {shown} instead "
+                          f"(move the added files out of {out} and the results in, or keep both)")
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """Delete the staging folder unless committed; a failed write (a full disk) becomes one message."""
@@ -416,6 +562,10 @@ class StagedFiles:
         except OSError as exc:
             raise ConfigError(f"{self.folder}: cannot write there: {_why(exc)}") from None
         return self
+
+    def files(self) -> list[str]:
+        """The files staged so far, relative to ``folder`` (with ``/``): what :meth:`commit` moves."""
+        return [p.relative_to(self.path).as_posix() for p in sorted(self.path.rglob("*")) if p.is_file()]
 
     def commit(self) -> list[Path]:
         """Move the staged files in place (replacing files of the same name); returns their new paths."""

@@ -259,12 +259,26 @@ class ProcessExecutor:
 
     def close(self, now: bool = False) -> None:
         """Cancel pending tasks and stop the workers: once their running tasks end, or (``now``)
-        at once."""
+        at once.
+
+        ``now`` cannot leave the pool's manager thread blocked, which Python joins at exit (it
+        used to hang there for ever, every stop signal ignored): a worker stopped partway through
+        sending a result (one larger than a pipe's buffer goes in pieces) leaves that thread
+        reading the rest, and only EOF ends the read. So this process's own copy of the result
+        pipe's write end is closed first; once the workers are gone no copy is left and the read
+        ends (the thread marks the pool broken and returns). Should it still be blocked after
+        :data:`MANAGER_JOIN_S` (some other process holding a copy), the interpreter's exit is told
+        not to wait for it (:func:`_exit_without`)."""
         if not now:
             self._pool.shutdown(wait=True, cancel_futures=True)
             return
-        workers = list((getattr(self._pool, "_processes", None) or {}).values())  # (no public handle)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        pool = self._pool
+        workers = list((getattr(pool, "_processes", None) or {}).values())  # (no public handle)
+        manager = getattr(pool, "_executor_manager_thread", None)  # (shutdown forgets both)
+        results = getattr(pool, "_result_queue", None)
+        calls = getattr(pool, "_call_queue", None)
+        _close_writer(results)  # (only the workers write results; none starts after the shutdown)
+        pool.shutdown(wait=False, cancel_futures=True)
         for process in workers:
             process.terminate()
         for process in workers:
@@ -272,6 +286,58 @@ class ProcessExecutor:
             if process.is_alive():  # (a worker that ignores SIGTERM)
                 process.kill()
                 process.join(1)
+        if manager is not None and manager is not threading.current_thread():
+            manager.join(MANAGER_JOIN_S)
+            if manager.is_alive():
+                _exit_without(manager)
+                _close_reader(calls)  # (as the thread would have: a task half sent to a worker then ends in EPIPE)
+
+
+#: Seconds :meth:`ProcessExecutor.close` waits for the pool's manager thread after stopping the workers.
+MANAGER_JOIN_S = 5.0
+
+
+def _close_writer(queue) -> None:
+    """Close this process's copy of ``queue``'s write end (a pool's result queue)."""
+    writer = getattr(queue, "_writer", None)
+    if writer is None:
+        return
+    try:
+        writer.close()
+    except OSError:
+        pass
+
+
+def _close_reader(queue) -> None:
+    """Close this process's copy of ``queue``'s read end (a pool's call queue, whose feeder thread
+    Python joins at exit: with no reader left, a write it is blocked in fails and it ends)."""
+    reader = getattr(queue, "_reader", None)
+    if reader is None:
+        return
+    try:
+        reader.close()
+    except OSError:
+        pass
+
+
+def _exit_without(thread: threading.Thread) -> None:
+    """Let the interpreter exit without joining ``thread`` (a pool's manager thread still blocked):
+    ``concurrent.futures`` joins it at exit, and so does ``threading`` (it is not a daemon). Both
+    through private names (Python 3.11, 3.12); where they differ nothing changes."""
+    from concurrent.futures import process as futures_process
+
+    wakeups = getattr(futures_process, "_threads_wakeups", None)
+    try:
+        if wakeups is not None:
+            wakeups.pop(thread, None)
+        lock = getattr(thread, "_tstate_lock", None)
+        locks = getattr(threading, "_shutdown_locks", None)
+        guard = getattr(threading, "_shutdown_locks_lock", None)
+        if lock is not None and locks is not None and guard is not None:
+            with guard:
+                locks.discard(lock)
+    except Exception:  # (private names: never fail a stop over them)
+        pass
 
 
 def check_options(backend: str = "local", jobs: int | None = None, address: str | None = None) -> None:
