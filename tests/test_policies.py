@@ -344,6 +344,24 @@ def test_vtc_serves_the_least_served_client_by_hand(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_vtc_charges_no_prompt_its_client_gave_up_on(engine):
+    """A request that leaves the queue because its client gave up got no service: VTC's code skips
+    an aborted request uncharged. (Its 1,000-token prompt was charged, and client a then waited
+    behind all of b's.) One slot: b0 (prompt 2, 10 tokens) holds it from 0, costing 2 + 2 x 9 =
+    20; a1 (1,000 tokens, a 1 ms timeout) gives up waiting, a stays at 0. At 100 ms b2 and b3
+    arrive, then a4 (prompts 2, one token each): a is lifted to the backlog's least counter, b's
+    20, and the tie goes to b, seen first -> b2 (b = 22); a4 (20 < 22); b3."""
+    reqs = [Request(0, 0.0, 2, 10, client="b"), Request(1, 0.5, 1000, 2, client="a", timeout_ms=1.0),
+            Request(2, 100.0, 2, 1, client="b"), Request(3, 100.0, 2, 1, client="b"), Request(4, 100.0, 2, 1, client="a")]
+    sched = VtcScheduler(VtcConfig(max_num_seqs=1))
+    r = run(reqs, sched, engine)
+    assert by_id(r, "aborted")[1] == 1
+    first = by_id(r, "first_scheduled_ms")
+    assert first[2] < first[4] < first[3]
+    assert sched.counters() == {"a": 22.0, "b": 24.0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_vtc_counters_move_within_a_decode_run(engine):
     # Budget 8 tokens, 3 slots, no chunking. At 0: a0 (prompt 1, 20 tokens), b1 (1, 1),
     # a2 (prompt 8, 1), b3 (1, 1). Counters a = b = 0: a0 (a = 1), then b1 (b = 1), then a tie

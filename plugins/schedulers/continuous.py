@@ -792,6 +792,12 @@ class ContinuousScheduler:
                         return
                     plan.reject(seq, reason)
                     break
+            else:
+                self._admitted(seq)
+
+    def _admitted(self, seq) -> None:
+        """``seq`` left the waiting queue into the batch (not turned away, not given up on): a
+        subclass's hook, called before the next admission (VTC charges the prompt here)."""
 
     def _never_fits(self, plan, seq, n: int, hit: int) -> str | None:
         """Why waiting ``seq`` can never be admitted with ``n`` tokens, or None. Only a model's

@@ -212,7 +212,6 @@ class ClientQueues:
         else:
             queue.remove(seq)
         self._size -= 1
-        self._ledger.admitted(seq)
         if not queue:
             del self._backlog[client]
             self._last_left = client
@@ -263,6 +262,12 @@ class VtcScheduler(ContinuousScheduler):
         self.ledger = ServiceLedger(self.config.input_price, self.config.output_price)
         self._queue = ClientQueues(self.ledger, self.config.lift_when_queue_empty == "last_left")
         return self._queue
+
+    def _admitted(self, seq) -> None:
+        # the prompt is charged when the request is admitted, not whenever it leaves the queue: one
+        # its client gave up on, or turned away, got no service (VTC's generate_new_batch skips
+        # aborted requests uncharged)
+        self.ledger.admitted(seq)
 
     def on_finish(self, seq, now: float) -> None:
         self.ledger.finished(seq)
