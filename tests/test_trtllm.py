@@ -237,3 +237,27 @@ def test_a_budget_below_max_batch_size_is_accepted():
         assert column(run, "finish_ms") == pytest.approx([16.15] * 3 + [32.25] * 2)
     run_engine(requests, trtllm(config), kv_blocks=100, block_size=16,
                check=IterationChecker(max_running=8, token_budget=3))
+
+
+@pytest.mark.parametrize("policy", ["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"])
+def test_admission_asks_the_blocks_a_prefix_hit_would_share(policy):
+    """TensorRT-LLM's capacity scheduler counts a request's blocks to completion (GNE:
+    ``getRemainingBlocksToCompletion``, prompt + max_tokens) or its prompt's (MU:
+    ``getNeededBlocksOneStep``) without block reuse. 13 blocks of 32 tokens; A and B: 288-token
+    prompts (9 blocks, the first 8 a shared 256-token prefix), max_tokens 32 (10 blocks). B arrives
+    at 30 ms while A decodes with 3-4 blocks free: it waits for A (it started at once, taking
+    A's 8 prefix blocks as its own), and still reuses the prefix when it goes."""
+    from schedlab_plugins.kv_caches.prefix import PrefixKVCache
+
+    requests = [Request(id=i, arrival_ms=30.0 * i, prompt_tokens=288, output_tokens=32, max_tokens=32,
+                        prefix_group="sys", prefix_tokens=256) for i in range(2)]
+    config = TrtllmConfig(capacity_policy=policy, overlap_schedule=False)
+    runs = [run_engine(requests, trtllm(config), engine=engine, kv=PrefixKVCache(13, 32)) for engine in ENGINES]
+    compare_runs(*runs)
+    a_finish, b_start = runs[0].requests["finish_ms"][0], runs[0].requests["first_scheduled_ms"][1]
+    assert b_start == a_finish > 30.0
+    assert int(runs[0].requests["cached_tokens"][1]) == 256
+    # vLLM's rule (the continuous default) lets B in at its arrival, sharing A's prefix blocks
+    vllm_like = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="reserve")),
+                           kv=PrefixKVCache(13, 32))
+    assert vllm_like.requests["first_scheduled_ms"][1] < a_finish

@@ -177,6 +177,10 @@ class ContinuousConfig:
     reserve_full_prompt: bool = bool_field(
         True, help="with allocation = 'grow', admit a request only if KV for its whole prompt fits, not just the "
                    "first chunk (vLLM scheduler_reserve_full_isl, on by default since 0.2x)")
+    admission_counts_hits: bool = bool_field(
+        True, help="blocks a prefix-cache hit shares are not asked free at admission (vLLM); false: the whole "
+                   "prompt's are (TensorRT-LLM's capacity scheduler counts a request's blocks to completion "
+                   "without reuse), the hit still shared once admitted")
     policy: str = str_field("fcfs", choices=("fcfs", "priority", "sjf", "lof"),
                             help="waiting order and victim choice: arrival, (priority, arrival) as vLLM's priority "
                                  "policy, shortest predicted output first, or SGLang's longest max_tokens first")
@@ -900,8 +904,11 @@ class ContinuousScheduler:
         only while a request is ``running``), and with ``reserve_full_prompt`` its whole sequence
         would fit (vLLM 0.33 ``scheduler_reserve_full_isl``: ``allocate_slots(full_sequence_must_fit=True)``)."""
         watermark = self._watermark_blocks(kv) if running else self._alone_watermark_blocks(kv)
+        counts_hits = self.config.admission_counts_hits
+        if not counts_hits and hit:   # (TensorRT-LLM: the blocks to completion, reuse or not)
+            n, hit = n + hit, 0
         if self._reserve:
-            if not watermark:
+            if not watermark and counts_hits:
                 return True
             if self._deduces:
                 reserve_tokens = self._deduced_tokens(seq.request, kv)

@@ -82,8 +82,11 @@ schedlab models them (engines.md §1, §2, §5, §6; what each leaves out is sai
   planned at the start of the one running, a request at its ``max_tokens`` not scheduled again
   (``GENERATION_TO_COMPLETE``), one at an EOS decoded once more -- off with disaggregation,
   pipeline parallelism or ``[speculative]``, where TensorRT-LLM runs other loops: a run asking for
-  it there is refused). Not modelled:
-  the ``EQUAL_PROGRESS`` chunking policy; a waiting request whose chunk comes to 0 still holds
+  it there is refused). Admission asks a request's blocks free without its prefix hit
+  (``getRemainingBlocksToCompletion`` / ``getNeededBlocksOneStep`` count the whole prompt), the
+  hit still shared once admitted. Not modelled: a request that could reuse blocks another
+  context computes in the same step waits a step for them (``beneficialToSkip``: schedlab gives
+  it the hit at once, as vLLM does); the ``EQUAL_PROGRESS`` chunking policy; a waiting request whose chunk comes to 0 still holds
   back those behind it (TensorRT-LLM lets a later prompt's last chunk in); partial block reuse
   (``enable_partial_reuse``: schedlab reuses full blocks only); a max_tokens-less request's
   extra decode at an EOS with the overlap scheduler (its ``max_tokens`` is not known to be
@@ -405,6 +408,9 @@ def trtllm(config: TrtllmConfig) -> ContinuousScheduler:
     scheduler = ContinuousScheduler(ContinuousConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         chunked_prefill=config.chunked_prefill, allocation="grow" if grow else "reserve",
+        # a request's blocks to completion (GNE) or its prompt's (MU) are asked free whatever a prefix
+        # hit would share (kvCacheManager getRemainingBlocksToCompletion, getNeededBlocksOneStep)
+        admission_counts_hits=False,
         # generation tokens first, then context chunks in whole KV blocks (MicroBatchScheduler)
         running_order="decodes_first", chunk_unit=0, decodes_wait_for_budget=True,
         # max_seq_len, reduced to what the KV cache holds (KVCacheManager); max_tokens deduced from it
