@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from . import __version__
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
@@ -321,11 +322,13 @@ class _Parser(argparse.ArgumentParser):
     status 2) like every other error, pointing at ``--help`` instead of printing the usage."""
 
     def error(self, message: str):
-        self.exit(2, f"schedlab: error: {self.prog}: {message} (see {self.prog} --help)\n")
+        where = "" if self.prog == "schedlab" else f"{self.prog}: "   # (not "schedlab: error: schedlab: ...")
+        self.exit(2, f"schedlab: error: {where}{message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="schedlab", description="Simulate LLM serving schedulers.")
+    parser.add_argument("--version", action="version", version=f"schedlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run an experiment file and write results")
     p.add_argument("file")

@@ -217,3 +217,15 @@ def test_a_ray_address_where_nothing_answers_is_refused_at_once():
         _check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")  # answers: Ray is asked
     _check_reachable("auto")
     _check_reachable(None)
+
+
+def test_version_and_a_missing_command_say_so_once(capsys):
+    import schedlab
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"schedlab {schedlab.__version__}"
+    with pytest.raises(SystemExit) as done:
+        main([])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("schedlab: error: the following arguments are required")

@@ -445,7 +445,7 @@ def test_plugin_module_names_that_cannot_be_plugins_name_the_file_and_key(tmp_pa
 @pytest.mark.parametrize("args, fragment", [
     (["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", "--tensor-parallel", "x"],
      "schedlab capacity: argument --tensor-parallel: invalid int value: 'x' (see schedlab capacity --help)"),
-    (["bogus"], "schedlab: argument command: invalid choice: 'bogus'"),
+    (["bogus"], "schedlab: error: argument command: invalid choice: 'bogus'"),   # (schedlab named once)
     (["run"], "schedlab run: the following arguments are required: file"),
 ])
 def test_a_misused_option_is_one_line_too(capsys, args, fragment):

@@ -61,3 +61,27 @@ def test_an_error_outside_the_swept_keys_is_not_blamed_on_a_point(tmp_path):
     # an error in a key the sweep sets is still the point's
     with pytest.raises(ConfigError, match=r"at the sweep's point scheduler.max_num_seqs = 0"):
         load(write(tmp_path, '[[runs]]\nname = "r"\nsweep = {"scheduler.max_num_seqs" = [4, 0]}\n'))
+
+
+# -- where a mistake is, said so (the new-user review) ---------------------------------------------
+
+
+def test_a_typo_in_a_top_level_table_a_run_takes_says_it_is_up_there(tmp_path):
+    """It was reported as the first run's table, which the run never wrote."""
+    runs = '[scheduler]\nkind = "continuous"\nmax_num_seq = 8\n[[runs]]\nname = "a"\n[[runs]]\nname = "b"\n'
+    with pytest.raises(ConfigError, match=r"\[\[runs\]\] 'a' \[scheduler\]: unknown key 'max_num_seq' .*"
+                                          r"\(in the file's top-level \[scheduler\], which this run takes\)$"):
+        load(write(tmp_path, runs))
+
+
+def test_top_level_and_run_keys_get_a_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'schedular' \(did you mean 'scheduler'\?\)"):
+        load(write(tmp_path, '[schedular]\nkind = "vllm"\n'))
+    with pytest.raises(ConfigError, match=r"unknown key 'nmae' \(did you mean 'name'\?\)"):
+        load(write(tmp_path, '[[runs]]\nnmae = "x"\n'))
+
+
+def test_a_misspelt_report_is_the_report_lists(tmp_path):
+    """It was blamed on a [reports.plts] table that does not exist."""
+    with pytest.raises(ConfigError, match=r"\[experiment\] reports: unknown report 'plts' \(did you mean 'plots'\?\)"):
+        load(write(tmp_path, '[experiment]\nreports = ["table", "plts"]\n'))

@@ -265,8 +265,9 @@ def test_a_key_or_value_from_the_file_keeps_its_message(tmp_path, overrides):
     assert error(path, *overrides) == (
         f"{path}: [[runs]] 'fcfs' [scheduler]: unknown key 'deadline_ms'; valid keys: {CONTINUOUS_KEYS}")
     path = write(tmp_path, TWO_RUNS.replace("max_num_seqs = 16", 'max_num_seqs = "abc"'))
-    assert error(path, *overrides) == (
-        f"{path}: [[runs]] 'fcfs' [scheduler]: max_num_seqs: must be a whole number, got 'abc' (str)")
+    assert error(path, *overrides) == (   # (the run takes the file's top-level table whole: said where it is)
+        f"{path}: [[runs]] 'fcfs' [scheduler]: max_num_seqs: must be a whole number, got 'abc' (str) "
+        "(in the file's top-level [scheduler], which this run takes)")
 
 
 def test_a_file_value_beside_a_set_inside_it_is_not_blamed_on_the_set(tmp_path):

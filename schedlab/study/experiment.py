@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import functools
 import os
 import re
@@ -256,26 +257,38 @@ def _blame_varied(exc: ConfigError, where: str, study: StudySpec, applied: list[
     return type(exc)(f"{message} (the {study.kind}'s values, with {', '.join(o.shown() for o in touching)})")
 
 
-def _blame_inherited(exc: ConfigError, where: str, defaults: dict, entry: dict) -> ConfigError:
+def _blame_inherited(exc: ConfigError, where: str, defaults: dict, entry: dict, varied: tuple = ()) -> ConfigError:
     """``exc`` about a key of a ``[[runs]]`` entry's table that the entry did not write but took from
-    the file's top-level defaults (an entry merges over them and cannot remove a key): says so."""
-    at = _AT_TABLE.match(str(exc), len(f"{where} [")) if str(exc).startswith(f"{where} [") else None
-    field = _FIELD.match(str(exc), at.end()) if at else None
-    if field is None:
+    the file's top-level defaults: says where it is (a table the run took whole) or that an entry
+    merges over the defaults and cannot remove a key (a table the run wrote into)."""
+    message = str(exc)
+    at = _AT_TABLE.match(message, len(f"{where} [")) if message.startswith(f"{where} [") else None
+    if at is None:
         return exc
-    parts = [*at[1].split("."), field[1]]
+    if unknown := _UNKNOWN_KEY.match(message, at.end()):
+        key = ast.literal_eval(unknown[1])
+    elif field := _FIELD.match(message, at.end()):
+        key = field[1]
+    else:
+        return exc
+    parts = [*at[1].split("."), key]
     if _lookup(defaults, parts) is _NONE or _lookup(entry, parts) is not _NONE:
         return exc
-    if not isinstance(_lookup(entry, parts[:-1]), dict):  # the run wrote nothing in that table: not its doing
+    dotted = ".".join(parts)
+    if any(_within(dotted, k) or _within(k, dotted) for k in varied):  # (the run's sweep or search set it)
         return exc
-    return type(exc)(f"{exc} ({field[1]} comes from the file's [{at[1]}] defaults: a [[runs]] entry merges over "
+    if not isinstance(_lookup(entry, parts[:-1]), dict):  # the run took the table whole: the fix is up there
+        return type(exc)(f"{message} (in the file's top-level [{at[1]}], which this run takes)")
+    return type(exc)(f"{message} ({key} comes from the file's [{at[1]}] defaults: a [[runs]] entry merges over "
                      "them and cannot remove a key -- move it into the runs that use it)")
 
 
 def _check_keys(table: dict, allowed: tuple, where: str) -> None:
     for key in table:
         if key not in allowed:
-            raise ConfigError(f"{where.rstrip(':')}: unknown key {key!r}; valid keys: {', '.join(allowed)}")
+            hint = difflib.get_close_matches(str(key), list(allowed), n=1)
+            also = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"{where.rstrip(':')}: unknown key {key!r}{also}; valid keys: {', '.join(allowed)}")
 
 
 def _custom_presets(raw: dict, source: str, base_dir: str) -> dict:
@@ -423,7 +436,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             if blamed is exc:
                 blamed = _blame_varied(exc, where, study, study_applied)
             if blamed is exc and raw.get("runs"):
-                blamed = _blame_inherited(exc, where, defaults, entry)
+                blamed = _blame_inherited(exc, where, defaults, entry, study.keys)
             raise blamed from None
         try:
             if search_cfg is not None:
@@ -444,7 +457,9 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         table = report_tables.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [reports.{name}] must be a table of settings, got {_shape(table)}")
-        _, report_config = component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
+        # (a name only in [experiment] reports is that list's: a misspelt one there has no table of its own)
+        place = f"[reports.{name}]" if name in report_tables else "[experiment] reports"
+        _, report_config = component_config(ctx, "report", {**table, "kind": name}, f"{source}: {place}")
         check_report_studies(report_config, studies, f"{source}: [reports.{name}]")
     return Experiment(path, config, studies, report_tables, ctx, raw, tuple(plugin_objects), custom, portable)
 
