@@ -290,3 +290,18 @@ def test_a_replicated_run_reads_unstable_when_any_replica_does(tmp_path):
     assert "unstable" in verdicts and verdicts[0] != "unstable"   # (the case: replica 1 alone reads otherwise)
     assert run.metrics["stability"]["verdict"] == "unstable"
     assert run.metrics["stability"]["reason"].startswith(f"{verdicts.count('unstable')} of 5 replicas unstable")
+
+
+def test_floating_point_noise_of_agreeing_replicas_is_no_interval():
+    """A replayed file draws nothing at random: replicas agree but for the last bits, and the table
+    printed 8,038.5 ±2.73e-12 as if it were an interval."""
+    import types
+
+    from schedlab_plugins.reports.table import _cell
+
+    def cell(low, high, mean):
+        return _cell(types.SimpleNamespace(metrics={"x": mean}, intervals={"x": [low, high]}), "x")
+
+    assert cell(8038.5 - 2.73e-12, 8038.5 + 2.73e-12, 8038.5) == "8,038.5"
+    assert cell(0.2458 - 8.33e-17, 0.2458 + 8.33e-17, 0.2458) == "0.2458"
+    assert cell(8000.0, 8100.0, 8050.0) == "8,050.0 ±50.0"

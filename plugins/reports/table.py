@@ -102,6 +102,10 @@ def stability_lines(runs) -> list[str]:
             for run in runs if (mark := stability_mark(run))]
 
 
+#: a half-width below this share of the interval's ends is floating-point noise of replicas that
+#: agree (a replayed file draws nothing at random: ±8e-17 said nothing), not shown
+SAME_SHARE = 1e-9
+
 #: the columns of money (a plan's, per hour): to the cent, as prices are written
 MONEY_COLUMNS = ("cost_per_hour", "energy_cost_per_hour", "cost_per_mtok")
 
@@ -111,7 +115,8 @@ def _cell(run, column: str) -> str:
     money = column.rsplit(".", 1)[-1] in MONEY_COLUMNS and isinstance(value, float) and math.isfinite(value)
     text = f"{value:,.2f}" if money else _fmt(value)
     pair = run.intervals.get(column) if run.intervals else None
-    if pair and all(isinstance(v, float) and math.isfinite(v) for v in pair) and pair[1] > pair[0]:
+    if pair and all(isinstance(v, float) and math.isfinite(v) for v in pair) and pair[1] > pair[0] \
+            and (pair[1] - pair[0]) / 2 > SAME_SHARE * max(abs(pair[0]), abs(pair[1])):
         text += f" ±{_fmt((pair[1] - pair[0]) / 2)}"
     return text
 
