@@ -296,3 +296,12 @@ def test_sglang_bounds_requests_by_its_context_length(engine):
 def test_the_sglang_scheduler_takes_the_models_context(tmp_path):
     assert _config(tmp_path, kind="sglang").context_length == 4096
     assert _config(tmp_path, kind="sglang", scheduler="context_length = 1000").context_length == 1000
+
+
+def test_a_long_prefill_threshold_past_max_model_len_is_refused_as_vllm_refuses_it():
+    """No prompt reaches it, so it never caps a chunk (SchedulerConfig.verify_max_model_len)."""
+    with pytest.raises(ConfigError, match=r"long_prefill_token_threshold \(4096\) is greater than max_model_len "
+                                          r"\(1024\): vLLM refuses this"):
+        VllmConfig(max_model_len=1024, long_prefill_token_threshold=4096)
+    assert VllmConfig(max_model_len=1024, long_prefill_token_threshold=1024).long_prefill_token_threshold == 1024
+    assert VllmConfig(max_model_len="auto", long_prefill_token_threshold=4096)   # (auto: known once the cache is)

@@ -226,7 +226,7 @@ def test_a_budget_below_max_batch_size_is_accepted():
     # generation requests too); vLLM refuses it. Budget 3, 5 requests (prompt 1, 3 tokens): three
     # prompts at 0 (0.15 ms), their two decodes (to 16.15 ms) while 3 and 4 wait for the budget, then
     # 3 and 4 (prompts to 16.25, decodes to 32.25)
-    with pytest.raises(ConfigError, match="vLLM checks the same"):
+    with pytest.raises(ConfigError, match="vLLM refuses the same"):
         ContinuousConfig(max_num_seqs=8, max_num_batched_tokens=3)
     requests = [Request(id=i, arrival_ms=0, prompt_tokens=1, output_tokens=3) for i in range(5)]
     config = TrtllmConfig(max_num_seqs=8, max_num_batched_tokens=3, overlap_schedule=False)

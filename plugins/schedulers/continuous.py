@@ -225,7 +225,8 @@ class ContinuousConfig:
         if self.max_num_batched_tokens < self.max_num_seqs and not self.decodes_wait_for_budget:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                f"({self.max_num_seqs}), or some running sequences could not decode (vLLM checks the same)")
+                f"({self.max_num_seqs}), or some running sequences could not decode (vLLM refuses the same; "
+                "Sarathi-Serve would schedule every decode past its chunk, which schedlab does not model)")
         if self.preemption == "swap" and self.allocation == "reserve":
             raise ConfigError("preemption = 'swap' needs allocation = 'grow' (reserving sequences are never preempted)")
         check_reservation_settings(self)

@@ -135,6 +135,12 @@ class VllmConfig(ContinuousConfig):
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
         _check_budget_holds_a_prompt(self, "V1")
+        longest = self.max_model_len
+        if self.long_prefill_token_threshold and _whole(longest) and longest and \
+                self.long_prefill_token_threshold > longest:   # (SchedulerConfig.verify_max_model_len)
+            raise ConfigError(f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) is greater than "
+                              f"max_model_len ({longest}): vLLM refuses this (no prompt reaches it, so it never "
+                              "caps a chunk); lower it or leave it at 0")
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
