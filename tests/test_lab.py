@@ -125,3 +125,21 @@ def test_lab_command_writes_the_six_artifacts(tmp_path):
         text = (out / name).read_text()
         assert text.endswith("\n") and "nan" not in text.lower(), name
     assert all(math.isfinite(v) for v in parse_fields((out / "compare.txt").read_text()).values())
+
+
+def test_the_seeds_conditions_a_request_set_misses_are_said():
+    """Even answers leave static batching few idle slots: seed 001's slot_util < 0.7 and speedup >=
+    1.8 do not hold, and the report said nothing."""
+    report = LabReport()
+    artifacts = {"static.txt": "total_steps=100 throughput_tps=500.0 slot_util=0.8929\n",
+                 "compare.txt": "static_tps=500.0 continuous_tps=775.35 speedup=1.5507\n",
+                 "maxseqs.txt": "max_num_seqs=32 peak_running=32\n",
+                 "queue.csv": "rps,avg_queue,p99_wait_ms\n5,0.1,34.5\n10,0.2,38.7\n20,3,731.2\n40,9,2299.8\n"}
+    assert report.seed_misses(artifacts) == [
+        "schedlab: lab report: static.txt's slot_util=0.8929 (the seed expects < 0.7)",
+        "schedlab: lab report: compare.txt's speedup=1.5507 (the seed expects >= 1.8)"]
+    artifacts["static.txt"] = "total_steps=100 throughput_tps=500.0 slot_util=0.291\n"
+    artifacts["compare.txt"] = "static_tps=500.0 continuous_tps=2070.0 speedup=4.14\n"
+    artifacts["queue.csv"] = "rps,avg_queue,p99_wait_ms\n5,0.1,34.5\n10,0.2,34.5\n"
+    assert report.seed_misses(artifacts) == [
+        "schedlab: lab report: queue.csv's p99_wait_ms does not rise with rps (the seed expects it to)"]
