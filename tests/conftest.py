@@ -27,3 +27,16 @@ def validated(tmp_path, capsys):
         return code, capsys.readouterr().err, path
 
     return validate
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory):
+    """A complete results folder of the quickstart, plots included (results-folder tests copy it)."""
+    from pathlib import Path
+
+    from schedlab.cli import main
+
+    out = tmp_path_factory.mktemp("prev") / "results"
+    assert main(["run", str(Path(__file__).resolve().parent.parent / "experiments" / "quickstart.toml"),
+                 "--out", str(out)]) == 0
+    return out

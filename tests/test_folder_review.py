@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,27 +18,10 @@ from schedlab.cli import main
 from schedlab.errors import ConfigError
 from schedlab.results import folder
 from schedlab.results.folder import MANIFEST, StagedFolder, record_entries, replace_problem
+from test_results_folder import copy_of, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "experiments" / "quickstart.toml"
-
-
-def snapshot(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def previous(tmp_path_factory):
-    """A complete results folder of the quickstart, plots included."""
-    out = tmp_path_factory.mktemp("prev") / "results"
-    assert main(["run", str(QUICKSTART), "--out", str(out)]) == 0
-    return out
-
-
-def copy_of(previous: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "results"
-    shutil.copytree(previous, out)
-    return out
 
 
 def run_no_plots(out: Path) -> int:

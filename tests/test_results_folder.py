@@ -35,14 +35,6 @@ def leftovers(parent: Path) -> list[str]:
     return [p.name for p in parent.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
 
 
-@pytest.fixture(scope="module")
-def previous(tmp_path_factory):
-    """A complete results folder of the quickstart, plots included."""
-    out = tmp_path_factory.mktemp("prev") / "results"
-    assert main(["run", str(QUICKSTART), "--out", str(out)]) == 0
-    return out
-
-
 def copy_of(previous: Path, tmp_path: Path) -> Path:
     out = tmp_path / "results"
     shutil.copytree(previous, out)
