@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -401,3 +402,42 @@ def test_a_log_in_milliseconds_is_warned_about(tmp_path):
     with pytest.warns(InputWarning, match=r"its median time per output token is 6.5 s: vllm_log timestamps are "
                                           r"seconds -- are these milliseconds\?"):
         load_vllm_log(path)
+
+
+def test_a_part_of_a_log_that_ran_beside_the_rest_is_said_to_be_replayed_lighter(tmp_path):
+    """start / limit replay a part alone, on a server the rest no longer loads, while its measured
+    latencies were taken under it: the comparison then measures the load removed (a 60-request
+    slice of the shipped log read 67% off, 1-2% inside the whole replay). Requests 0 (0-10 s) and
+    1 (1-2 s) overlap; 2 (20-21 s) and 3 (22-23 s) ran alone."""
+    spans = [(0, 10), (1, 2), (20, 21), (22, 23)]
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps({"input_toks": 10, "output_toks": 4, "queued_ts": b, "first_token_ts": b + 0.5,
+                                        "last_token_ts": e}) + "\n" for b, e in spans))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_vllm_log(path, start=2)   # the last two ran with nothing else in the server
+        load_vllm_log(path)
+    with pytest.warns(InputWarning, match=r"start and limit keep 1 of its 4 requests, and 1 of those ran while "
+                                          r"requests left out were in the server.*calibrate --part"):
+        load_vllm_log(path, start=1, limit=1)
+
+
+def test_the_comparison_says_when_the_simulation_completed_fewer_requests(tmp_path):
+    """Requests the simulation turned away drop out of its statistics while the measured ones keep
+    every request (a fit could lower its error by turning the longest away): said under the title."""
+    from schedlab_plugins.reports.measured import CompareReport
+
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"input_toks": n, "output_toks": 4, "queued_ts": t, "first_token_ts": t + 0.1,
+                                       "last_token_ts": t + 0.2}) + "\n"
+                           for t, n in ((0.0, 10), (1.0, 3000), (2.0, 10))))
+    path = tmp_path / "exp.toml"
+    path.write_text(f'[workload]\nkind = "vllm_log"\npath = "{log}"\n[scheduler]\nkind = "vllm"\nmax_model_len = 2048\n'
+                    'context_overflow = "reject"\n[cost_model]\nkind = "linear"\n')
+    stream = io.StringIO()
+    CompareReport(stream=stream).write(run_experiment(load(path)), tmp_path)
+    assert "(simulated: 2 of the 3 replayed requests completed" in stream.getvalue()
+    path.write_text(path.read_text().replace("max_model_len = 2048", "max_model_len = 4096"))
+    stream = io.StringIO()
+    CompareReport(stream=stream).write(run_experiment(load(path)), tmp_path)
+    assert "replayed requests completed" not in stream.getvalue()

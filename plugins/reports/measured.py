@@ -33,6 +33,7 @@ from schedlab.results.compare import (
     comparison_rows, format_comparison, format_target, measured_statistics, server_comparison, simulated_latencies,
     statistics,
 )
+from schedlab.results.metrics import completed
 from schedlab.results.storage import atomic_write
 
 
@@ -88,6 +89,11 @@ class CompareReport:
                 getattr(run.measured, "arrivals_from", None), "")
             title = (f"{run.name}: simulated vs measured ({Path(run.measured.source).name}, as the {view} sees "
                      f"requests{since})")
+            done, replayed = _completed_of(run)
+            if done < replayed:   # (the measured side holds every request: the simulated statistics fewer)
+                title += (f"\n(simulated: {done:,} of the {replayed:,} replayed requests completed -- the others "
+                          "were turned away or given up on, and its statistics are over those; the measured ones "
+                          "are over every request)")
             if view == "client" and "frontend" not in (run.settings or {}):  # (the API server's time is left out)
                 title += ("\n(a client's file against a run without [frontend]: the simulated client is the engine, "
                           "without the API server's and the network's time -- add [frontend])")
@@ -199,6 +205,12 @@ class CompareReport:
         ax.legend(fontsize=8)
         fig.suptitle("simulated vs measured GPU power (dotted: each run's steady state)")
         return fig
+
+
+def _completed_of(run) -> tuple[int, int]:
+    """``(completed, replayed)``: the run's requests that completed for their clients, of all it had."""
+    requests = run.all_requests()
+    return int(np.count_nonzero(completed(requests))), int(requests["id"].size)
 
 
 def _by_source(runs) -> list[tuple[str, list]]:

@@ -197,7 +197,8 @@ class VllmLogConfig:
                                           "order (e.g. the workload file the run replayed)")
     hash_block_tokens: int = int_field(16, min=1, help="tokens per prefix block id (vLLM's block size)")
     start: int = int_field(0, min=0, help="skip the first N requests of the log (arrivals then count from "
-                                          "the first one kept): fit on one part, predict another")
+                                          "the first one kept; the part is replayed alone, lighter than it "
+                                          "ran: to score part of a run, replay it whole with calibrate --part)")
     limit: int | None = int_field(None, min=1, optional=True, help="use only N requests (after start)")
     arrivals: str = str_field("auto", choices=ARRIVALS,
                               help="when requests reached the engine: 'arrival_time' (vLLM's arrival_time, on the "
@@ -327,6 +328,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     per_row: dict = {}
     lines = [line for (line, _), bad in zip(rows, failed) if not bad]
     receipt, arrivals_from = engine_arrivals(path, stamps["queued_ts"], sent, arrivals, lines)  # (the whole log's offset)
+    warn_cut_from_load(path, receipt, stamps["last_token_ts"], np.arange(len(receipt))[keep], "start and limit keep")
     receipt = receipt[keep]
     prompt, output, token_lists, given_ids = prompt[keep], output[keep], token_lists, given_ids[keep]
     scheduled = scheduled[keep]
@@ -349,6 +351,26 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
                                 (scheduled - receipt.min()) * 1e3 if np.isfinite(scheduled).all() else None,
                                 arrivals_from=arrivals_from)
     return arrival, RequestColumns(prompt, output, per_row, constant), measured
+
+
+def warn_cut_from_load(path, begin: np.ndarray, end: np.ndarray, kept: np.ndarray, what: str) -> None:
+    """A warning when requests kept from a measured run (``kept``: indices into every request's
+    ``begin`` and ``end``, seconds) ran while requests left out were in the server: the part is
+    replayed alone, lighter than it ran, and its measured latencies -- taken under the whole run's
+    load -- are not its replay's to match (the compare report, a calibration's error)."""
+    out = np.ones(len(begin), dtype=bool)
+    out[kept] = False
+    if not out.any() or not len(kept):
+        return
+    starts, ends = np.sort(begin[out]), np.sort(end[out])
+    b, e = begin[kept], end[kept]
+    # left-out requests begun before a kept one ends, less those ended before it began: overlapping it
+    overlapping = int(np.count_nonzero(np.searchsorted(starts, e, "left") - np.searchsorted(ends, b, "right") > 0))
+    if overlapping:
+        warnings.warn(f"{path}: {what} {len(kept)} of its {len(begin)} requests, and {overlapping} of those ran while "
+                      "requests left out were in the server: the part is replayed alone, lighter than it ran, so its "
+                      "measured latencies (taken under the whole run's load) are not the replay's to match; to score "
+                      "part of a run, replay it whole (schedlab calibrate --part)", InputWarning, stacklevel=3)
 
 
 def _check_span(path, start: float, columns: list) -> None:
@@ -612,6 +634,15 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
         firsts = [float(s) for s in starts if is_finite_number(s)]   # (a failed request was sent too)
         if gap is not None and firsts:
             bench_start = min(firsts) * 1e3 - gap * 1e3 - origin
+    if limit is not None and starts is not None and latencies is not None:   # (a cut run: was the part loaded?)
+        usable = [i for i in succeeded if outputs[i] >= 1 and is_finite_number(starts[i])
+                  and is_finite_number(latencies[i])]
+        if len(usable) > len(keep):
+            begin = np.array([float(starts[i]) for i in usable])
+            end = begin + np.array([float(latencies[i]) for i in usable])
+            position = {i: j for j, i in enumerate(usable)}
+            warn_cut_from_load(path, begin, end, np.array([position[i] for i in keep if i in position]),
+                               "limit keeps")
     server = {}
     for key in ("server_ttfts", "server_queue_times"):
         values = _bench_list(path, data, key, n, required=False)
