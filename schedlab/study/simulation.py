@@ -587,7 +587,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
             _warn_setting_notes(scheduler, kv, at("scheduler"))
         if speculative is not None:
             _check_budget_for_drafts(scheduler, speculative, at("scheduler"))
-            cost = _drafting(ctx, speculative, cost, where)
+            cost = _drafting(ctx, speculative, cost, where, tables.get("cost_model") or {})
         if tables.get("clock") is not None:
             cost = _clocked(ctx, tables, cost, at("clock"))
         if power is not None:
@@ -1355,11 +1355,41 @@ def scaling_limits(config, instances: int) -> ScalingLimits:
                          drain_timeout_ms=None if drain is None else drain * 1e3)
 
 
-def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
+def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str, target: dict) -> DraftingCostModel:
     """The instance's cost model with the drafter's passes added (speculative decoding)."""
-    drafter = (build_component(ctx, "cost_model", config.draft, f"{where} [speculative.draft]")
+    at = f"{where} [speculative.draft]"
+    drafter = (build_component(ctx, "cost_model", _drafter_table(ctx, config, target, at), at)
                if config.draft is not None else None)
     return DraftingCostModel(cost, drafter, config)
+
+
+def _drafter_table(ctx: Context, config: SpeculativeConfig, target: dict, where: str) -> dict:
+    """The drafter's cost-model table on the target's GPUs, as vLLM runs it: the target's ``gpu``
+    and ``tensor_parallel`` where the table leaves them out (``_verify_and_get_draft_tp``: the
+    draft's TP defaults to the target's); another GPU, or a TP neither 1 nor the target's (a draft
+    model's: only the target's, ``_raise_if_draft_tp_mismatch``), refused."""
+    table = dict(config.draft)
+    try:
+        entry = ctx.catalog["cost_model"].get(table.get("kind"))
+    except UnknownPluginError:
+        return table   # (said, with the registered names, when it is built)
+    fields = attrs.fields_dict(entry.config) if entry.config is not None and attrs.has(entry.config) else {}
+    gpu, tp = target.get("gpu"), target.get("tensor_parallel", 1)
+    if gpu is not None and "gpu" in fields:
+        if "gpu" not in table:
+            table["gpu"] = gpu
+        elif table["gpu"] != gpu:
+            raise ConfigError(f"{where}: gpu = {table['gpu']!r}, but the target runs on {gpu!r}: the drafter runs on "
+                              "the target's GPUs (leave gpu out)")
+    if isinstance(tp, int) and "tensor_parallel" in fields:
+        if "tensor_parallel" not in table:
+            table["tensor_parallel"] = tp
+        elif table["tensor_parallel"] != tp and (table["tensor_parallel"] != 1 or config.method == "draft_model"):
+            allowed = f"{tp}, the target's" if config.method == "draft_model" else f"1 or {tp}, the target's"
+            raise ConfigError(f"{where}: tensor_parallel = {table['tensor_parallel']!r}: vLLM runs a "
+                              f"{config.method.replace('_', ' ')}'s drafter at {allowed} (leave it out for the "
+                              "target's)")
+    return table
 
 
 #: the tables a pool of a disaggregated cluster may override

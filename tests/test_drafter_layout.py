@@ -1,0 +1,59 @@
+"""The drafter runs on the target's GPUs, as vLLM runs it (the speculative review): its cost model
+takes the target's ``gpu`` and ``tensor_parallel`` where its table leaves them out
+(``_verify_and_get_draft_tp``: the draft's TP defaults to the target's); another GPU, or a TP vLLM
+refuses, is refused. A target at TP 2 timed its drafter at TP 1: TPOT 15% slow."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedlab.errors import ConfigError
+from schedlab.study.experiment import load, run_experiment
+
+RUN = """
+[workload]
+kind = "synthetic"
+num_requests = 20
+rate = 5.0
+prompt = {{dist = "uniform", low = 20, high = 200}}
+output = {{dist = "uniform", low = 20, high = 200}}
+[scheduler]
+kind = "vllm"
+[cost_model]
+kind = "roofline"
+model = "llama-3-8b"
+gpu = "a100-80gb"
+tensor_parallel = 2
+[kv_cache]
+kind = "paged"
+model = "llama-3-8b"
+gpu = "a100-80gb"
+tensor_parallel = 2
+[speculative]
+method = "{method}"
+num_speculative_tokens = 3
+acceptance_rate = 0.8
+draft = {{kind = "roofline", model = "llama-3.2-1b"{extra}}}
+"""
+
+
+def tpot(tmp_path, extra="", method="draft_model"):
+    path = tmp_path / "spec.toml"
+    path.write_text(RUN.format(extra=extra, method=method))
+    return run_experiment(load(path)).all_runs()[0].metrics["tpot_ms"]["mean"]
+
+
+def test_the_drafter_takes_the_targets_gpu_and_tensor_parallel(tmp_path):
+    assert tpot(tmp_path) == tpot(tmp_path, ', gpu = "a100-80gb", tensor_parallel = 2')
+    # an EAGLE head may run at TP 1 (vLLM allows 1 or the target's): slower than at the target's 2
+    assert tpot(tmp_path, method="eagle") < tpot(tmp_path, ", tensor_parallel = 1", method="eagle")
+
+
+@pytest.mark.parametrize("extra, method, said", [
+    (', gpu = "h100-80gb"', "draft_model", "gpu = 'h100-80gb', but the target runs on 'a100-80gb'"),
+    (", tensor_parallel = 4", "eagle", "tensor_parallel = 4: vLLM runs a eagle's drafter at 1 or 2"),
+    (", tensor_parallel = 1", "draft_model", "tensor_parallel = 1: vLLM runs a draft model's drafter at 2"),
+])
+def test_a_drafter_vllm_would_not_run_is_refused(tmp_path, extra, method, said):
+    with pytest.raises(ConfigError, match=r"\[speculative.draft\]: " + said.replace("(", r"\(").replace(")", r"\)")):
+        tpot(tmp_path, extra, method)
