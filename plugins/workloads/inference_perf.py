@@ -27,7 +27,10 @@ than the real one had, a faster one fewer. A run of ``load.type: concurrent`` (o
 replayed as it ran with ``concurrency`` set to its ``concurrency_level`` (its config.yaml): a
 closed loop of that many requests in flight, each sent when a slot frees, in the recorded order
 (:mod:`.capped`; inference-perf enqueues the stage's requests within its first second, here all
-are due at its start). Failed requests are left out and counted (``workload.info["failed"]``).
+are due at its start). Failed requests are left out, counted (``workload.info["failed"]``) and
+said in a one-line warning; so are requests that succeeded with 0 output tokens (an empty answer).
+A request's token times must lie in order between its ``start_time`` and ``end_time`` (1 us of
+rounding allowed), or the load stops with an error naming the request.
 The measured latencies are the client's (``view = "client"``, compared with the simulated
 client, :mod:`schedlab.results.compare`): TTFT from sending to the first token's arrival,
 latency to ``end_time``, TPOT ``(last token - first token) / (output - 1)`` (NaN without token
@@ -117,6 +120,29 @@ def seconds(where: str, key: str, value) -> float:
     return float(value)
 
 
+#: seconds of rounding allowed between a request's send, token and end times
+TIME_TOLERANCE_S = 1e-6
+
+
+def _check_token_times(where: str, start: float, end: float, times: list[float]) -> None:
+    """``start_time <= output_token_times[0] <= ... <= output_token_times[-1] <= end_time``
+    (within :data:`TIME_TOLERANCE_S`), or WorkloadError naming ``where``: a token before the
+    send gives a negative TTFT, tokens out of order a negative TPOT, a token after the end a
+    TPOT longer than the latency."""
+    if not times:
+        return
+    if times[0] < start - TIME_TOLERANCE_S:
+        raise WorkloadError(f"{where}: output_token_times[0] {times[0]} is before start_time {start} (a token "
+                            "cannot arrive before the request was sent)")
+    for k in range(1, len(times)):
+        if times[k] < times[k - 1] - TIME_TOLERANCE_S:
+            raise WorkloadError(f"{where}: output_token_times out of order: [{k}] {times[k]} is before "
+                                f"[{k - 1}] {times[k - 1]}")
+    if times[-1] > end + TIME_TOLERANCE_S:
+        raise WorkloadError(f"{where}: output_token_times[{len(times) - 1}] {times[-1]} is after end_time {end} (the "
+                            "request ends with its last token)")
+
+
 def _payload(record: dict) -> dict:
     raw = record.get("request")
     if isinstance(raw, dict):
@@ -182,13 +208,14 @@ def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = 
     if not isinstance(records, list):
         raise WorkloadError(f"{path}: expected a JSON list of requests (inference-perf's "
                             "per_request_lifecycle_metrics.json)")
-    rows, failed = [], 0
+    rows, failed, empty, first_error = [], 0, 0, None
     for i, record in enumerate(records):
         where = f"{path}: request {i}"
         if not isinstance(record, dict):
             raise WorkloadError(f"{where}: expected an object, got {record!r}")
         if record.get("error"):
             failed += 1
+            first_error = record["error"] if first_error is None else first_error
             continue
         for key in ("start_time", "end_time", "info"):
             if key not in record:
@@ -208,17 +235,29 @@ def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = 
             raise WorkloadError(f"{where}: info holds no {'input' if prompt is None else 'output'} token count "
                                 "(input_tokens / request_metrics.text.input_tokens; response_metrics.output_tokens "
                                 "/ response_info.output_tokens / output_tokens)")
+        if is_finite_number(output) and output == 0:   # succeeded with an empty answer: nothing to replay
+            empty += 1
+            continue
         times = _first(info, ("response_metrics", "output_token_times"), ("response_info", "output_token_times"),
                        ("output_token_times",)) or []
         if not isinstance(times, list):
             raise WorkloadError(f"{where}: output_token_times: must be a list of seconds")
         times = [seconds(where, "output_token_times", t) for t in times]
+        _check_token_times(where, start, end, times)
         payload = _payload(record)
         rows.append(ClientRecord(start, end, whole_tokens(where, "input tokens", prompt),
                                  whole_tokens(where, "output tokens", output), times[0] if times else None,
                                  times[-1] if times else None, max_tokens_of(payload), prompt_text(payload)))
+    n = len(records)
+    if failed:   # as vllm_bench says it (measured.py)
+        warnings.warn(f"{path}: {failed} of the {n} requests failed (error, e.g. {show_value(first_error)}): left out "
+                      "of the replay, though they loaded the server too", BenchReplayWarning, stacklevel=3)
+    if empty:
+        warnings.warn(f"{path}: {empty} of the {n - failed} requests without an error have 0 output tokens (the "
+                      "answer's text was empty): left out of the replay", BenchReplayWarning, stacklevel=3)
     if not rows:
-        raise WorkloadError(f"{path}: no successful requests ({failed} failed)")
+        raise WorkloadError(f"{path}: no successful requests ({failed} failed"
+                            + (f", {empty} with 0 output tokens)" if empty else ")"))
     sent, columns, measured = replay_columns(rows, str(path), limit=limit, prefix_blocks=prefix_blocks,
                                              hash_block_tokens=hash_block_tokens)
     return sent, columns, measured, failed

@@ -11,15 +11,18 @@ from the moment ``max_num_seqs`` requests have their first token to the moment a
 sending, ``itl``, ``success``, ``error`` -- beside the run's statistics (``mean_ttft_ms`` ... as
 ``vllm bench serve`` names them) and settings (``max_num_seqs``, ``num_gpus`` ...).
 
-The workload replays the successful requests, all due at 0 in file order, with their prompt and
-answer lengths and prefix block ids from their prompts' text; the measured TTFT, TPOT and
-latency are kept for comparison, from the client's side, with the GPUs' power over the run
-(``timeline.power``) and the server's running and waiting requests (the ``prometheus.json``
-beside the file) for the ``compare`` report's figures. Set the scheduler's ``max_num_seqs`` to
-the run's (the file's ``max_num_seqs``; a warning says when the simulated schedulers' add up to
-another), and its ``max_num_batched_tokens`` where the file says one (None when the benchmark's
+The workload replays the successful requests (failed ones are counted in
+``workload.info["failed"]`` and said in a one-line warning; a latency shorter than its TTFT is
+an error), all due at 0 in file order, with their prompt and answer lengths and prefix block
+ids from their prompts' text; the measured TTFT, TPOT and latency are kept for comparison, from
+the client's side, with the GPUs' power over the run (``timeline.power``) and the server's
+running and waiting requests (the ``prometheus.json`` beside the file) for the ``compare``
+report's figures. Set the scheduler's ``max_num_seqs`` to the run's (the file's
+``max_num_seqs``; a warning says when the simulated schedulers' add up to another), and its
+``max_num_batched_tokens`` where the file says one (None when the benchmark's
 ``--max-num-batched-tokens`` was not given: vLLM's default, or its config file's, then). The
-same file is a ``[target]``: its latency statistics and its steady state (``schedlab.targets``).
+same file is a ``[target]``: its latency statistics and its steady state
+(``schedlab.targets``).
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ class MlenergyConfig:
 
 
 def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text",
-                  hash_block_tokens: int = 16) -> tuple[RequestColumns, MeasuredRequests, int, dict]:
-    """``(columns, measured, requests in the file, its settings)`` of the successful requests of
-    ``path``; the settings are the run's ``max_num_seqs`` and ``num_gpus`` (None where the file
-    does not say them). With ``prefix_blocks = "text"``
+                  hash_block_tokens: int = 16) -> tuple[RequestColumns, MeasuredRequests, int, dict, int]:
+    """``(columns, measured, requests in the file, its settings, failed requests)`` of the
+    successful requests of ``path``; the settings are the run's ``max_num_seqs`` and
+    ``num_gpus`` (None where the file does not say them). Failed requests (``success`` false)
+    are left out with a one-line warning that counts them; a latency shorter than its TTFT is a
+    WorkloadError. With ``prefix_blocks = "text"``
     the prompts' text gives prefix block ids (:func:`.inference_perf.text_block_ids`): the
     benchmark sends its questions ``num_request_repeats`` times, and vLLM's prefix cache serves
     the repeats."""
@@ -62,11 +67,13 @@ def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text"
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise WorkloadError(f"{path}: not an ML.ENERGY results.json (no 'results' list of requests)")
     rows = data["results"]
-    keep, empty = [], 0
+    keep, empty, failed, first_error = [], 0, 0, None
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise WorkloadError(f"{path}: results[{i}]: expected an object, got {show_value(row)}")
         if not mlenergy_succeeded(row):
+            failed += 1
+            first_error = row.get("error") if first_error is None and row.get("error") else first_error
             continue
         for key, low in (("input_len", 1), ("output_len", 0)):
             value = row.get(key)
@@ -77,6 +84,10 @@ def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text"
             empty += 1
             continue
         keep.append(i)
+    if failed:   # as vllm_bench says it (measured.py)
+        example = f" (e.g. {show_value(first_error)})" if first_error is not None else ""
+        warnings.warn(f"{path}: {failed} of the {len(rows)} requests failed{example}: left out of the replay, though "
+                      "they loaded the server too", BenchReplayWarning, stacklevel=3)
     if empty:
         warnings.warn(f"{path}: {empty} requests without an error have output_len 0: left out of the replay",
                       BenchReplayWarning, stacklevel=3)
@@ -87,6 +98,12 @@ def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text"
     output = np.array([rows[i]["output_len"] for i in keep], dtype=np.int64)
     ttft = _bench_seconds(path, "results[].ttft", [r.get("ttft") for r in rows], keep)
     e2e = _bench_seconds(path, "results[].latency", [r.get("latency") for r in rows], keep)
+    short = np.flatnonzero(e2e < ttft - 1e-3)  # (ms: a microsecond of rounding allowed, as vllm_bench)
+    if len(short):
+        i = keep[short[0]]
+        raise WorkloadError(f"{path}: results[{i}].latency ({show_value(rows[i]['latency'])} s) is shorter than "
+                            f"results[{i}].ttft ({show_value(rows[i]['ttft'])} s): a request's latency holds its time "
+                            "to first token")
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
     power, steady = measured_power(data, path)
@@ -104,7 +121,7 @@ def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text"
         if any(ids):
             per_row["block_hashes"], constant["hash_block_tokens"] = ids, hash_block_tokens
     settings = {"max_num_seqs": batch, "num_gpus": gpus, "max_num_batched_tokens": budget}
-    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), settings
+    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), settings, failed
 
 
 def _prompt_text(prompt) -> str | None:
@@ -194,11 +211,11 @@ def measured_occupancy(path: Path, start: float) -> tuple[np.ndarray, np.ndarray
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
     """Every successful request of the run, due at 0 (see the module docstring)."""
-    columns, measured, total, settings = load_mlenergy(config.path, limit=config.limit,
-                                                       prefix_blocks=config.prefix_blocks,
-                                                       hash_block_tokens=config.hash_block_tokens)
+    columns, measured, total, settings, failed = load_mlenergy(config.path, limit=config.limit,
+                                                               prefix_blocks=config.prefix_blocks,
+                                                               hash_block_tokens=config.hash_block_tokens)
     n = len(columns)
     workload = OpenLoopWorkload(lambda seed: (np.zeros(n), columns), name="mlenergy", num_requests=n)
     workload.measured = measured
-    workload.info.update(requests_in_file=total, **{k: v for k, v in settings.items() if v is not None})
+    workload.info.update(requests_in_file=total, failed=failed, **{k: v for k, v in settings.items() if v is not None})
     return workload
