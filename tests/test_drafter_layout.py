@@ -57,3 +57,36 @@ def test_the_drafter_takes_the_targets_gpu_and_tensor_parallel(tmp_path):
 def test_a_drafter_vllm_would_not_run_is_refused(tmp_path, extra, method, said):
     with pytest.raises(ConfigError, match=r"\[speculative.draft\]: " + said.replace("(", r"\(").replace(")", r"\)")):
         tpot(tmp_path, extra, method)
+
+
+SGLANG = """
+[workload]
+kind = "synthetic"
+num_requests = 120
+arrival = "all-at-once"
+prompt = {{dist = "fixed", value = 50}}
+output = {{dist = "fixed", value = 100}}
+[scheduler]
+kind = "sglang"
+{scheduler}
+[cost_model]
+kind = "linear"
+[speculative]
+method = "eagle"
+num_speculative_tokens = 3
+acceptance_rate = 0.7
+draft = {{kind = "linear"}}
+"""
+
+
+def test_sglang_with_eagle_runs_48_requests_and_no_mixed_chunks_as_sglang_does(tmp_path):
+    """SGLang's server_args with EAGLE or a draft model: max_running_requests 48 where unset, mixed
+    chunks off (it ran 120 at once, and verify passes shared batches with prefill chunks)."""
+    path = tmp_path / "sglang.toml"
+    path.write_text(SGLANG.format(scheduler=""))
+    assert run_experiment(load(path)).all_runs()[0].metrics["peak_running"] == 48
+    path.write_text(SGLANG.format(scheduler="max_running_requests = 64"))
+    assert run_experiment(load(path)).all_runs()[0].metrics["peak_running"] == 64
+    path.write_text(SGLANG.format(scheduler="enable_mixed_chunk = true"))
+    with pytest.raises(ConfigError, match="SGLang turns mixed chunks off with EAGLE and draft-model speculation"):
+        load(path)

@@ -201,7 +201,7 @@ from typing import ClassVar
 import attrs
 
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
-from schedlab.errors import SimulationError
+from schedlab.errors import ConfigError, SimulationError
 from schedlab.kv_window import sequence_blocks
 from schedlab.parallelism import SINGLE, Parallelism
 
@@ -327,6 +327,21 @@ class SglangConfig:
         ``async_scheduling`` out). ``"auto"``, turned off where planning ahead is not modelled,
         keeps the overlap's time: SGLang overlaps there."""
         return {"async_scheduling": False} if table.get("overlap_schedule") is False else {}
+
+    @staticmethod
+    def speculative_defaults(table: dict, method: str) -> dict:
+        """What SGLang does with EAGLE or a draft model (``server_args``, the
+        ``speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE")`` branch): ``max_running_requests``
+        48 where unset, and mixed chunks off ("Mixed chunked prefill is disabled because of using
+        eagle speculative decoding") -- refused here rather than changed under the user's hand.
+        The run's assembly applies this when the run has ``[speculative]``."""
+        if method not in ("eagle", "draft_model"):
+            return {}
+        if table.get("enable_mixed_chunk") is True:
+            raise ConfigError("enable_mixed_chunk = true with [speculative] method = "
+                              f"{method!r}: SGLang turns mixed chunks off with EAGLE and draft-model speculation "
+                              "(leave it out)")
+        return {} if "max_running_requests" in table else {"max_running_requests": 48}
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:

@@ -559,6 +559,11 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
 
     try:
         tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
+        if speculative is not None:   # (an optional speculative_defaults(table, method) on the config class)
+            pick = getattr(_config_class(ctx, "scheduler", tables["scheduler"]), "speculative_defaults", None)
+            if pick is not None:
+                tables = {**tables, "scheduler": {**pick(tables["scheduler"], speculative.method),
+                                                  **tables["scheduler"]}}
         tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
         tables = {**tables, "kv_cache": _with_drafter(ctx, tables["kv_cache"], speculative)}
     except ConfigError as exc:  # (a scheduler config's answers: named with the run they were for)
