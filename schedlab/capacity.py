@@ -767,13 +767,15 @@ def check_weights_fit(model: ModelSpec, gpu: GpuSpec, tensor_parallel: int = 1,
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,
                          reserve_bytes: int, block_size: int, hybrid: bool = True,
-                         swa_ratio: float | None = None) -> int | None:
+                         swa_ratio: float | None = None, draft: ModelSpec | None = None,
+                         draft_shares_tables: bool = False) -> int | None:
     for tp in _SUGGESTED_TP:
         if tp <= current_tp:
             continue
         try:
             _, _, per_block, pool = _pool_numbers(model, gpu, utilization, tp, reserve_bytes, block_size,
-                                                  hybrid=hybrid, swa_ratio=swa_ratio)
+                                                  hybrid=hybrid, swa_ratio=swa_ratio, draft=draft,
+                                                  draft_shares_tables=draft_shares_tables)
         except ConfigError:  # heads cannot be split this way
             continue
         if pool // per_block > 0:
@@ -822,12 +824,14 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
     num_blocks = pool // per_block
     if num_blocks <= 0:
         short = weights + reserve_bytes + per_block - usable
-        better_tp = _smallest_fitting_tp(model, gpu, util, tp, reserve_bytes, block_size, hybrid, swa_ratio)
+        better_tp = _smallest_fitting_tp(model, gpu, util, tp, reserve_bytes, block_size, hybrid, swa_ratio, draft,
+                                         draft_shares_tables)
         fix = (f"use tensor_parallel = {better_tp} or a GPU with more memory" if better_tp
                else "use a GPU with more memory (tensor parallelism up to 8 is not enough)")
+        whose = "" if draft is None else f" (the drafter {draft.name}'s among them)"
         raise ConfigError(
             f"{model.name} does not fit on {gpu.name} with tensor_parallel={tp}: "
-            f"{_gib(usable)} usable ({gpu.memory_gib:g} GiB x {util:g}) minus {_gib(weights)} of weights "
+            f"{_gib(usable)} usable ({gpu.memory_gib:g} GiB x {util:g}) minus {_gib(weights)} of weights{whose} "
             f"minus {_gib(reserve_bytes)} of activation reserve leaves {_gib(pool)} for the KV cache; "
             f"it falls short by {_gib(short)} of holding even one {block_size}-token block; {fix}")
     return KVSizing(

@@ -90,3 +90,24 @@ def test_sglang_with_eagle_runs_48_requests_and_no_mixed_chunks_as_sglang_does(t
     path.write_text(SGLANG.format(scheduler="enable_mixed_chunk = true"))
     with pytest.raises(ConfigError, match="SGLang turns mixed chunks off with EAGLE and draft-model speculation"):
         load(path)
+
+
+def test_a_drafter_that_does_not_fit_is_named_and_the_tp_suggested_holds_both():
+    """The message named the target alone and suggested TP 2, where the target and a 70B drafter
+    (146.4 GiB together; 73.2 GiB a rank at TP 2, more than an A100-80GB's 72 usable) still do not fit."""
+    from schedlab.capacity import Presets, size_kv_cache
+    from schedlab.catalog import load_catalog
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    with pytest.raises(ConfigError, match=r"of weights \(the drafter llama-3-70b's among them\).*use tensor_parallel = 4"):
+        size_kv_cache(presets.model("llama-3-8b"), presets.gpu("a100-80gb"), draft=presets.model("llama-3-70b"))
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path):
+    path = tmp_path / "vocab.toml"
+    path.write_text(RUN.format(extra="", method="draft_model").replace('model = "llama-3.2-1b"', 'model = "tiny"')
+                    + "[models.tiny]\nnum_layers = 4\nnum_kv_heads = 4\nhead_dim = 64\nnum_attention_heads = 8\n"
+                      "hidden_size = 512\nnum_params = 5e7\nvocab_size = 32000\n")
+    with pytest.raises(ConfigError, match=r"the draft model's vocabulary \(32,000 tokens\) is not the target's "
+                                          r"\(128,256\)"):
+        run_experiment(load(path))

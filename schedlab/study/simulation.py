@@ -1365,6 +1365,11 @@ def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str, target:
     at = f"{where} [speculative.draft]"
     drafter = (build_component(ctx, "cost_model", _drafter_table(ctx, config, target, at), at)
                if config.draft is not None else None)
+    if config.method == "draft_model" and drafter is not None:   # (vLLM: a draft model shares the target's vocabulary)
+        ours, theirs = (getattr(getattr(c, "model", None), "vocab_size", None) for c in (cost, drafter))
+        if ours and theirs and ours != theirs:
+            raise ConfigError(f"{at}: the draft model's vocabulary ({theirs:,} tokens) is not the target's "
+                              f"({ours:,}): its drafts would be other tokens; vLLM refuses such a pair")
     return DraftingCostModel(cost, drafter, config)
 
 
