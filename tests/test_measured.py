@@ -441,3 +441,19 @@ def test_the_comparison_says_when_the_simulation_completed_fewer_requests(tmp_pa
     stream = io.StringIO()
     CompareReport(stream=stream).write(run_experiment(load(path)), tmp_path)
     assert "replayed requests completed" not in stream.getvalue()
+
+
+def test_a_failure_without_a_reason_is_counted_by_the_files_own_count(tmp_path):
+    """vLLM writes a non-200 response's reason, '' when it has none: the request read as an empty
+    answer and failed = 0, while the file says failed = 1 (the measured-readers review)."""
+    from schedlab_plugins.workloads.measured import BenchReplayWarning, VllmBenchConfig, make_vllm_bench_workload
+
+    doc = {"request_rate": "inf", "completed": 2, "failed": 1, "input_lens": [10, 20, 30], "output_lens": [5, 0, 4],
+           "ttfts": [0.1, 0.0, 0.2], "itls": [[0.01] * 4, [], [0.01] * 3], "latencies": [0.14, 0.0, 0.23],
+           "start_times": [1.0, 1.0, 1.0], "errors": ["", "", ""]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    with pytest.warns(BenchReplayWarning, match=r"1 of the 3 requests failed \(no error text; the file counts "
+                                                r"failed = 1\)"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    assert workload.info["failed"] == 1 and len(workload.measured.ttft_ms) == 2

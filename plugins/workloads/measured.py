@@ -554,9 +554,19 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     errors = _bench_list(path, data, "errors", n, required=False) or [""] * n
     succeeded = [i for i in range(n) if not errors[i]]
     failed = n - len(succeeded)
+    said = data.get("failed")
+    if isinstance(said, int) and not isinstance(said, bool) and said > failed:
+        # vLLM writes a non-200 response's reason, "" when it has none (endpoint_request_func): such a
+        # failure has no output and no first token; the file's own count says how many there were
+        silent = {i for i in succeeded if outputs[i] == 0 and not ttfts[i]}
+        silent = set(sorted(silent)[:said - failed])
+        succeeded = [i for i in succeeded if i not in silent]
+        failed += len(silent)
     if failed:
-        first = next(errors[i] for i in range(n) if errors[i])
-        warnings.warn(f"{path}: {failed} of the {n} requests failed (errors, e.g. {show_value(first)}): left out of "
+        first = next((errors[i] for i in range(n) if errors[i]), None)
+        example = f"errors, e.g. {show_value(first)}" if first is not None else f"no error text; the file counts " \
+                                                                                 f"failed = {said}"
+        warnings.warn(f"{path}: {failed} of the {n} requests failed ({example}): left out of "
                       "the replay, though they loaded the server too", BenchReplayWarning, stacklevel=3)
     for i in succeeded:  # a failed request's lengths are 0 (vLLM's RequestFuncOutput), whatever it holds
         _bench_tokens(path, "output_lens", i, outputs[i], minimum=0)
