@@ -217,6 +217,12 @@ def engine_arrivals(path, queued: np.ndarray, sent: np.ndarray, mode: str, lines
     for the loop; its smallest value over the log is taken as offset plus the fastest hand-off, so
     ``arrival_time`` + that minimum is the receipt, never after ``queued_ts``."""
     have = np.isfinite(sent)
+    if mode == "auto" and have.any() and not have.all():   # (one line without it moves every request)
+        line = lines[int(np.flatnonzero(~have)[0])]
+        warnings.warn(f"{path}: {int((~have).sum())} of the {len(have)} lines have no arrival_time (the first: line "
+                      f"{line}), so every request arrives at its queued_ts (when the engine loop took it, up to a "
+                      "step late); arrivals = 'queued_ts' says so, or give every line its arrival_time",
+                      InputWarning, stacklevel=3)
     if mode == "queued_ts" or (mode == "auto" and not have.all()):
         return queued, "queued_ts"
     if not have.all():
