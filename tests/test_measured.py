@@ -82,7 +82,8 @@ def test_vllm_log_requests_arrive_at_the_engines_receipt_not_when_its_loop_took_
     assert measured.arrivals_from == "queued_ts"
     # a line without arrival_time: auto replays from queued_ts, arrival_time asks for it by line
     partial = write_jsonl(tmp_path / "partial.jsonl", [rows[0], log_row(1, 20, 3, 100.25, 101.0, 101.2)])
-    assert load_vllm_log(partial)[2].ttft_ms == pytest.approx([500.0, 750.0])
+    with pytest.warns(InputWarning, match="1 of the 2 lines have no arrival_time"):
+        assert load_vllm_log(partial)[2].ttft_ms == pytest.approx([500.0, 750.0])
     with pytest.raises(WorkloadError, match=r"partial.jsonl: line 2: arrival_time: missing or not a number"):
         load_vllm_log(partial, arrivals="arrival_time")
     # stamps that cannot be one request's (taken 60 s after the smallest gap) are said
