@@ -327,8 +327,8 @@ def test_tgi_segments_keep_chats_moving_beside_long_answers():
 def test_sglang_overlap_trades_a_step_of_ttft_for_hidden_host_time():
     results = run("sglang_overlap.toml", ["workload.num_requests=300"])
     runs = {r.name: r for r in results.all_runs()}
-    for load in ("", "_busy"):
-        overlap, ahead, sync = (runs[name + load] for name in ("overlap", "plan_ahead", "sync"))
+    for busy in ("", "_busy"):
+        overlap, ahead, sync = (runs[name + busy] for name in ("overlap", "plan_ahead", "sync"))
         assert all(r.metrics["finished"] == 300 for r in (overlap, ahead, sync))
         # planned a batch early, an arrival waits a step more ...
         assert metric(sync, "ttft_ms.p50") < metric(ahead, "ttft_ms.p50")

@@ -652,7 +652,7 @@ def test_a_token_count_beyond_int64_names_its_record(tmp_path, capsys, value, fm
 def test_an_empty_path_is_refused_by_name(tmp_path, capsys, key):
     """--set 'workload.prompts=""' answered '<folder>: file not found'."""
     path = tmp_path / "exp.toml"
-    path.write_text(f'[experiment]\nname = "h"\n[workload]\nkind = "vllm_log"\npath = "log.jsonl"\n')
+    path.write_text('[experiment]\nname = "h"\n[workload]\nkind = "vllm_log"\npath = "log.jsonl"\n')
     code = main(["run", str(path), "--set", f'workload.{key}=""'])
     one_error(code, capsys.readouterr().err, f"[workload]: {key}: must be a path, got an empty string")
 

@@ -26,7 +26,6 @@ from schedlab.study.simulation import assemble
 from schedlab.testing import IterationChecker, check_run, compare_runs, run_engine
 from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.cost_models.linear import LinearConfig
-from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers.continuous import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.presets import TrtllmConfig, trtllm
 from test_engine_defaults import run_text
