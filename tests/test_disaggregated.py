@@ -881,6 +881,15 @@ def test_pools_of_two_models_are_refused_and_a_pools_own_mismatch_is_warned_abou
     said = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
     assert any("[cluster.decode] [kv_cache] model = 'qwen3-8b' but [cost_model] model = 'llama-3-8b'" in m
                for m in said), said
+    # both pools' caches named, and another model's: refused as the cost models are (NIXL's handshake
+    # refuses such a peer; with the linear cost model the run went through without a word)
+    path.write_text(textwrap.dedent(BASE).replace("num_blocks = 200\nbytes_per_block = 2097152",
+                                                  'model = "llama-3-8b"\ngpu = "h100-80gb"')
+                    + '[cluster]\nmode = "disaggregated"\n[cluster.link]\nbandwidth_gbps = inf\n'
+                    '[cluster.decode]\nkv_cache = {model = "qwen3-8b"}\n')
+    with pytest.raises(ConfigError, match=r"\[cluster.decode\] kv_cache: model = 'qwen3-8b', but \[cluster.prefill\] "
+                                          r"serves 'llama-3-8b'"):
+        load(path)
 
 
 def test_a_pool_table_of_another_kind_replaces_the_runs_table(tmp_path):

@@ -1413,6 +1413,7 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
     pools = []
     power = [] if "power" in tables else None
     models: dict[str, str] = {}  # pool -> the model its cost model times
+    kv_models: dict[str, str] = {}  # pool -> the model its KV cache holds
     dtypes: dict[str, tuple] = {}  # pool -> how its KV cache stores K and V: (kv_cache_dtype, bytes)
     for name in POOLS:
         pool_where = f"{where} [cluster.{name}]"
@@ -1427,6 +1428,7 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
         if pool.cost_model or pool.kv_cache:  # (the run's own tables were warned about already)
             _warn_two_gpus(pool_tables, ctx, pool_where)
         _check_one_model(ctx, models, name, pool_tables.get("cost_model") or {}, pool_where)
+        _check_one_model(ctx, kv_models, name, pool_tables.get("kv_cache") or {}, pool_where, "kv_cache")
         _check_one_kv_dtype(ctx, dtypes, name, pool_tables.get("kv_cache") or {}, pool_where)
         labels = {kind: f"cluster.{name}." for kind in POOL_TABLES if getattr(pool, kind)}  # (else the run's table)
         parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, labels,
@@ -1462,9 +1464,10 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
                      pools, link, power)
 
 
-def _check_one_model(ctx: Context, models: dict, pool: str, cost: dict, where: str) -> None:
-    """Refuse pools whose cost models time different models: the decode pool continues the
-    prompts the prefill pool computed, with their KV (a Llama prefill fed a Qwen decode pool)."""
+def _check_one_model(ctx: Context, models: dict, pool: str, cost: dict, where: str, table: str = "cost_model") -> None:
+    """Refuse pools whose cost models time different models, or whose KV caches hold different
+    ones (``table``): the decode pool continues the prompts the prefill pool computed, with their
+    KV (a Llama prefill fed a Qwen decode pool; vLLM's NIXL handshake refuses such a peer)."""
     name = cost.get("model")
     if not isinstance(name, str):
         return
@@ -1474,7 +1477,7 @@ def _check_one_model(ctx: Context, models: dict, pool: str, cost: dict, where: s
         return  # an unknown name: the cost model says so
     other = next((p for p in models if p != pool), None)
     if other is not None and models[other] != models[pool]:
-        raise ConfigError(f"{where} cost_model: model = {name!r}, but [cluster.{other}] serves {models[other]!r}: the "
+        raise ConfigError(f"{where} {table}: model = {name!r}, but [cluster.{other}] serves {models[other]!r}: the "
                           f"decode pool continues the prefill pool's prompts with their KV, so both serve one model")
 
 
