@@ -758,11 +758,25 @@ def check_weights_fit(model: ModelSpec, gpu: GpuSpec, tensor_parallel: int = 1,
     if parallelism.pipeline_parallel > 1:
         layout += f", pipeline_parallel={parallelism.pipeline_parallel}"
         whose = "the largest stage's"
-    better_tp = _smallest_fitting_tp(model, gpu, 0.9, tp, math.ceil(DEFAULT_ACTIVATION_RESERVE_GIB * GIB), 16)
+    reserve = math.ceil(DEFAULT_ACTIVATION_RESERVE_GIB * GIB)
+    if parallelism.pipeline_parallel > 1 or parallelism.lockstep:   # (the layout's own split, stage or experts)
+        better_tp = next((t for t in _SUGGESTED_TP if t > tp and _splits(model, t)
+                          and gpu_weight_bytes(model, t, parallelism) + reserve <= 0.9 * gpu.memory_bytes), None)
+    else:
+        better_tp = _smallest_fitting_tp(model, gpu, 0.9, tp, reserve, 16)
     fix = (f"use tensor_parallel = {better_tp} or a GPU with more memory" if better_tp
            else "use a GPU with more memory (tensor parallelism up to 8 is not enough)")
     raise ConfigError(f"{model.name} does not fit on {gpu.name} with {layout}: {whose} weights are {_gib(weights)}, "
                       f"more than the GPU's {_gib(gpu.memory_bytes)} of memory; {fix}")
+
+
+def _splits(model: ModelSpec, tp: int) -> bool:
+    """Whether ``tp`` ranks can split ``model``'s attention heads."""
+    try:
+        model.kv_heads_per_rank(tp)
+    except ConfigError:
+        return False
+    return True
 
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,

@@ -111,3 +111,26 @@ def test_requests_csv_has_the_wait_and_reads_back(tmp_path, capsys):
     assert [float(row["due_ms"]) for row in rows] == [0.0, 1.0, 2.0]
     again = load(tmp_path / "out").all_runs()[0]
     np.testing.assert_allclose(again.requests["due_ms"], [0.0, 1.0, 2.0])
+
+
+def test_the_clients_backlog_is_the_runs_not_an_instances(tmp_path):
+    """Two instances behind a client capped at 4 and falling behind its 60/s: the run is unstable
+    (the client's queue grows), but no instance's own queue does -- each read unstable when the
+    client's wait was counted as theirs."""
+    text = OVERLOADED.format(cap="max_concurrency = 4").replace("num_requests = 60", "num_requests = 200").replace(
+        "rate = 50", "rate = 60") + '[cluster]\ninstances = 2\nrouter = { kind = "round_robin" }\n'
+    r = run(tmp_path, text, "two")
+    assert r.metrics["stability"]["verdict"] == "unstable"
+    assert r.metrics["stability"].get("unstable_instances") == []
+    assert all(v["stability"]["verdict"] == "stable" for v in r.metrics["per_instance"].values())
+
+
+def test_a_closed_loop_of_clients_is_judged_by_its_sends(tmp_path):
+    """All requests due at once (a closed loop: vllm bench serve --request-rate inf
+    --max-concurrency 4) have no arrival rate to judge a backlog by; the run is judged from when
+    they were sent, as before (it read n/a)."""
+    text = OVERLOADED.format(cap="max_concurrency = 4").replace('arrival = "constant"\nrate = 50\n',
+                                                                 'arrival = "all-at-once"\n')
+    r = run(tmp_path, text, "closed")
+    assert r.metrics["stability"]["verdict"] == "stable"
+    assert r.metrics["client"]["queue_ms"]["max"] > 1000   # (the clients' wait is still reported)

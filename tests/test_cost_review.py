@@ -410,3 +410,14 @@ def test_dispatch_and_combine_run_around_the_moe_layers_only():
     c = layers.collectives
     one_layer = c.all_gather_ms(8 * 16 * (7168 + 256) * 2) + c.reduce_scatter_ms(8 * 16 * 7168 * 2)
     assert layers.step_ms([16] * 8) == pytest.approx(58 * one_layer)
+
+
+def test_the_tp_suggested_for_weights_that_do_not_fit_counts_the_pipeline():
+    """Llama-3-70B on A100-40GB over 2 stages: 65.7 GiB a stage at TP 1, 32.9 at TP 2, which fits
+    (it suggested TP 4, from the whole model's split)."""
+    from schedlab.capacity import check_weights_fit
+
+    with pytest.raises(ConfigError, match=r"pipeline_parallel=2: the largest stage's weights are 65.71 GiB.*"
+                                          r"use tensor_parallel = 2 or"):
+        check_weights_fit(PRESETS.model("llama-3-70b"), PRESETS.gpu("a100-40gb"), 1, Parallelism(pipeline_parallel=2))
+    check_weights_fit(PRESETS.model("llama-3-70b"), PRESETS.gpu("a100-40gb"), 2, Parallelism(pipeline_parallel=2))

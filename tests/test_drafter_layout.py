@@ -111,3 +111,8 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"the draft model's vocabulary \(32,000 tokens\) is not the target's "
                                           r"\(128,256\)"):
         run_experiment(load(path))
+
+
+def test_the_drafters_gpu_is_compared_as_the_presets_name_it(tmp_path):
+    """"A100-80GB" is the target's "a100-80gb": it was refused as another GPU."""
+    assert tpot(tmp_path, ', gpu = "A100-80GB"') == tpot(tmp_path)

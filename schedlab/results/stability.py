@@ -200,8 +200,14 @@ def run_stability(req: dict[str, np.ndarray], instances: int = 1) -> tuple[dict[
     The run is ``unstable`` when its (summed) queue or any instance's is; ``unstable_instances``
     lists the instances flagged.
     """
-    # a capped client's backlog is a backlog: a request counts as waiting from when it was due
-    arrival = req["arrival_ms"] - (req["sent_ms"] - req["due_ms"]) if "due_ms" in req else req["arrival_ms"]
+    # a capped client's backlog is a backlog: the run counts a request as waiting from when it was
+    # due -- unless every request was due at once (a closed loop of clients: no arrival rate, its
+    # pace the server's), judged from when they were sent as before; an instance's own queue from
+    # when the request reached it (the client's wait is no instance's)
+    engine = req["arrival_ms"]
+    arrival = engine - (req["sent_ms"] - req["due_ms"]) if "due_ms" in req else engine
+    if arrival.size and np.ptp(arrival) == 0 and np.ptp(engine) > 0:
+        arrival = engine
     admitted = admission_times(req)
     served = req["rejected"] == 0       # left at finish_ms: finished or aborted
     finished = served if "aborted" not in req else served & (req["aborted"] == 0)  # completions
@@ -209,10 +215,11 @@ def run_stability(req: dict[str, np.ndarray], instances: int = 1) -> tuple[dict[
     run = queue_stability(arrival, admitted, req["finish_ms"][finished], departed)
     parts: list[dict[str, Any]] = []
     if instances > 1:
+        departed_there = np.where(served, req["finish_ms"], engine)
         for k in range(instances):
             mine = req["instance"] == k
-            parts.append(queue_stability(arrival[mine], admitted[mine], req["finish_ms"][mine & finished],
-                                         departed[mine]))
+            parts.append(queue_stability(engine[mine], admitted[mine], req["finish_ms"][mine & finished],
+                                         departed_there[mine]))
         flagged = [k for k, part in enumerate(parts) if part["verdict"] == "unstable"]
         run["unstable_instances"] = flagged
         if flagged and run["verdict"] != "unstable":

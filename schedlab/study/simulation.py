@@ -1373,6 +1373,14 @@ def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str, target:
     return DraftingCostModel(cost, drafter, config)
 
 
+def _gpu_name(ctx: Context, name):
+    """A GPU named as the presets know it ("A100-80GB" is "a100-80gb"), or the name as given."""
+    try:
+        return ctx.presets.gpu(name).name
+    except (ConfigError, KeyError, TypeError, AttributeError):
+        return name
+
+
 def _drafter_table(ctx: Context, config: SpeculativeConfig, target: dict, where: str) -> dict:
     """The drafter's cost-model table on the target's GPUs, as vLLM runs it: the target's ``gpu``
     and ``tensor_parallel`` where the table leaves them out (``_verify_and_get_draft_tp``: the
@@ -1388,7 +1396,7 @@ def _drafter_table(ctx: Context, config: SpeculativeConfig, target: dict, where:
     if gpu is not None and "gpu" in fields:
         if "gpu" not in table:
             table["gpu"] = gpu
-        elif table["gpu"] != gpu:
+        elif _gpu_name(ctx, table["gpu"]) != _gpu_name(ctx, gpu):
             raise ConfigError(f"{where}: gpu = {table['gpu']!r}, but the target runs on {gpu!r}: the drafter runs on "
                               "the target's GPUs (leave gpu out)")
     if isinstance(tp, int) and "tensor_parallel" in fields:
