@@ -277,7 +277,7 @@ class ProcessExecutor:
         manager = getattr(pool, "_executor_manager_thread", None)  # (shutdown forgets both)
         results = getattr(pool, "_result_queue", None)
         calls = getattr(pool, "_call_queue", None)
-        _close_writer(results)  # (only the workers write results; none starts after the shutdown)
+        _close_end(results, "_writer")  # (only the workers write results; none starts after the shutdown)
         pool.shutdown(wait=False, cancel_futures=True)
         for process in workers:
             process.terminate()
@@ -290,32 +290,23 @@ class ProcessExecutor:
             manager.join(MANAGER_JOIN_S)
             if manager.is_alive():
                 _exit_without(manager)
-                _close_reader(calls)  # (as the thread would have: a task half sent to a worker then ends in EPIPE)
+                _close_end(calls, "_reader")  # (as the thread would have: a task half sent to a worker then ends in EPIPE)
 
 
 #: Seconds :meth:`ProcessExecutor.close` waits for the pool's manager thread after stopping the workers.
 MANAGER_JOIN_S = 5.0
 
 
-def _close_writer(queue) -> None:
-    """Close this process's copy of ``queue``'s write end (a pool's result queue)."""
-    writer = getattr(queue, "_writer", None)
-    if writer is None:
+def _close_end(queue, end: str) -> None:
+    """Close this process's copy of one end of a pool's ``queue`` (``"_writer"``: the result queue's,
+    so a half-sent result ends in EOF once the workers are gone; ``"_reader"``: the call queue's,
+    whose feeder thread Python joins at exit -- with no reader left, a write it is blocked in fails
+    and it ends)."""
+    connection = getattr(queue, end, None)
+    if connection is None:
         return
     try:
-        writer.close()
-    except OSError:
-        pass
-
-
-def _close_reader(queue) -> None:
-    """Close this process's copy of ``queue``'s read end (a pool's call queue, whose feeder thread
-    Python joins at exit: with no reader left, a write it is blocked in fails and it ends)."""
-    reader = getattr(queue, "_reader", None)
-    if reader is None:
-        return
-    try:
-        reader.close()
+        connection.close()
     except OSError:
         pass
 
