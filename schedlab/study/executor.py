@@ -290,7 +290,7 @@ class ProcessExecutor:
             manager.join(MANAGER_JOIN_S)
             if manager.is_alive():
                 _exit_without(manager)
-                _close_end(calls, "_reader")  # (as the thread would have: a task half sent to a worker then ends in EPIPE)
+                _close_end(calls, "_reader")  # (a task half sent then ends in EPIPE)
 
 
 #: Seconds :meth:`ProcessExecutor.close` waits for the pool's manager thread after stopping the workers.
