@@ -409,3 +409,17 @@ def test_a_missing_file_a_set_named_is_the_sets(tmp_path):
     with pytest.raises(schedlab.errors.WorkloadError) as err:
         load(path, ["workload.path=gone.json"])
     assert str(err.value).endswith("gone.json: file not found (from --set workload.path=gone.json)")
+
+
+def test_a_runs_own_replicas_seed_and_engine_are_settable_from_the_command_line(tmp_path):
+    """The one-draw note says 'replicas = 3 (in [experiment] or the run)', and --set
+    runs.NAME.replicas=3 was refused."""
+    path = write(tmp_path, TWO_RUNS)
+    exp = load(path, ["runs.fcfs.replicas=3", "runs.fcfs.seed=7", "runs.edf.engine=reference"],
+               plugin_objects=[Edf()])
+    fcfs, edf = exp.studies
+    assert (fcfs.replicas, fcfs.base.seed, fcfs.base.engine) == (3, 7, "fast")
+    assert (edf.replicas, edf.base.engine) == (1, "reference")
+    assert error(path, "runs.fcfs.replicas=0").endswith("[[runs]] 'fcfs': replicas must be a whole number from 1 to "
+                                                        "10,000, got 0")
+    assert "no run named 'other'" in error(path, "runs.other.replicas=2")

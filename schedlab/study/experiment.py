@@ -352,6 +352,9 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     counts: dict[str, int] = {}  # simulations per run, so far, and their total
     total = 0
     targeted = _run_assignments(assignments, entries, source)
+    # runs.<name>.replicas=3 (seed, engine): the entry's own keys, set on a copy of it
+    entries = [_with_settings(e, targeted.get(e.get("name"), [])) for e in entries]
+    targeted = {name: [o for o in sets if o.key not in RUN_SETTINGS] for name, sets in targeted.items()}
     every_run = [o for o in assignments if not o.key.startswith(("experiment.", "runs.", "reports."))]
     for o in every_run:
         if o.key.split(".")[0] not in RUN_TABLES + STUDY_TABLES:
@@ -519,6 +522,16 @@ def _shape(value) -> str:
     return f"{value!r}"
 
 
+#: a ``[[runs]]`` entry's own settings, which ``--set runs.<name>.<key>=value`` may set too
+RUN_SETTINGS = ("replicas", "seed", "engine")
+
+
+def _with_settings(entry: dict, overrides: list) -> dict:
+    """``entry`` with the ``--set runs.<name>.replicas`` (seed, engine) aimed at it."""
+    own = {o.key: o.value for o in overrides if o.key in RUN_SETTINGS}
+    return {**entry, **own} if own else entry
+
+
 def _run_assignments(assignments: list[_Override], entries: list, source: str) -> dict[str, list[_Override]]:
     """``--set runs.<name>.<table>.key=value``: run name -> its overrides, keyed inside the run."""
     names = [e.get("name") for e in entries if isinstance(e.get("name"), str)]
@@ -530,12 +543,19 @@ def _run_assignments(assignments: list[_Override], entries: list, source: str) -
         name, rest = split_run_key(key, names)
         parts = rest.split(".")
         whole = len(parts) == 1 and isinstance(o.value, dict)  # runs.<name>.<table>={...}: the whole table
+        if rest in RUN_SETTINGS:   # runs.<name>.replicas=3: the entry's own key (its seed, engine, replicas)
+            if name not in names:
+                known = ", ".join(map(run_key_part, names)) or "(no [[runs]] has a name)"
+                raise ConfigError(f"--set {key}: no run named {name!r} in {source}; runs: {known}")
+            targeted.setdefault(name, []).append(attrs.evolve(o, key=rest, run=name))
+            continue
         if not ((len(parts) >= 2 or whole) and parts[0] in RUN_TABLES or parts[0] in STUDY_TABLES):
             raise ConfigError(f"--set {key}: write runs.<run name>.<table>.<key> (or runs.<run name>.<table>="
                               f"{{...}}), with the table one of {', '.join(RUN_TABLES)} (e.g. "
                               "runs.tune.scheduler.max_num_seqs=8; a name with "
                               'spaces or dots in quotes: runs."my run".scheduler.max_num_seqs=8), or '
-                              f"runs.<run name>.<{' or '.join(STUDY_TABLES)}>[.<key>]")
+                              f"runs.<run name>.<{' or '.join(STUDY_TABLES)}>[.<key>], or runs.<run name>."
+                              f"<{' or '.join(RUN_SETTINGS)}>")
         if name not in names:
             known = ", ".join(map(run_key_part, names)) or "(no [[runs]] has a name)"
             raise ConfigError(f"--set {key}: no run named {name!r} in {source}; runs: {known}")
