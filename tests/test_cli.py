@@ -105,7 +105,8 @@ def test_set_can_target_one_run(tmp_path, capsys):
 @pytest.mark.parametrize("assignment, message", [
     ("runs.nope.scheduler.batch_size=4", "no run named 'nope' in"),
     ("runs.static.batch_size=4", "write runs.<run name>.<table>.<key>"),
-    ("runs.static.seed=4", "write runs.<run name>.<table>.<key>"),
+    ("runs.static.name=other", "write runs.<run name>.<table>.<key>"),   # (seed, engine, replicas: settable)
+    ("runs.static.replicas=0", "[[runs]] 'static': replicas must be a whole number from 1"),
     ("runs.static.scheduler.batch_sise=4", "[[runs]] 'static' [scheduler]: unknown key 'batch_sise'"),
 ])
 def test_set_for_one_run_explains_mistakes(capsys, assignment, message):
