@@ -862,9 +862,12 @@ def _refuse_all_failed(succeeded, succeeded_key: str, failed, failed_key: str, w
     """Refuse the report of a run whose every request failed: its statistics are zeros or NaN of
     no request, nothing a simulation can be compared with."""
     if _number(succeeded) == 0:
-        failures = f", {failed_key} is {_number(failed):g}" if _number(failed) is not None else ""
-        raise ConfigError(f"{where}: every request of the run failed ({succeeded_key} is 0{failures}): it has no "
-                          f"statistic to compare with")
+        if not _number(failed):  # (0 failed: a run of no request; no count of failures: not known which)
+            failures = f", {failed_key} is 0: an empty run?" if _number(failed) is not None else ""
+            raise ConfigError(f"{where}: no request of the run completed ({succeeded_key} is 0{failures}): it has no "
+                              f"statistic to compare with")
+        raise ConfigError(f"{where}: every request of the run failed ({succeeded_key} is 0, {failed_key} is "
+                          f"{_number(failed):g}): it has no statistic to compare with")
 
 
 def _streamed_only(values: dict[str, float], keys: dict[str, str], dropped: dict[str, str],
@@ -1469,7 +1472,8 @@ def _refuse_renamed(text: str, where: str) -> None:
         (name, metric), more = next(iter(renamed.items())), len(renamed) - 1
         raise ConfigError(f"{where}: holds {name}{f' (and {more} more)' if more else ''}, not {metric}: the engine's "
                           f"histograms renamed, ':' to '_' (sgl-router's aggregated /engine_metrics, an OpenTelemetry "
-                          f"or other exporter); schedlab reads the engine's own names: scrape its /metrics directly")
+                          f"or other exporter); schedlab reads the engine's own names: scrape its /metrics directly "
+                          f"(an OpenMetrics scrape that escapes ':' is read with its # TYPE lines kept)")
 
 
 _NAME = re.compile(r"[A-Za-z_:][\w:]*")
@@ -1498,6 +1502,7 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     """
     series: dict[tuple[str, str], dict] = {}
     samples: dict[tuple, int] = {}   # (name, labels, bucket bound) -> the line that gave it
+    escaped = _escaped_histograms(text)
     models: set = set()              # the model_name labels of its histograms (one server serves one)
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -1508,7 +1513,7 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
             raise ConfigError(f"{source}: line {number}: not a Prometheus sample: {line[:80]!r}")
         name, braces, raw = sample
         labels = braces[1:-1]
-        metric, suffix = _histogram_part(name)
+        metric, suffix = _histogram_part(escaped.get(name, name))
         if metric is None:
             continue
         value = _sample_value(raw, name, suffix, f"{source}: line {number}")
@@ -1614,6 +1619,20 @@ def _split_sample(line: str) -> tuple[str, str, str] | None:
         braces = ""
     value = _VALUE.match(line, end)
     return (name, braces, value.group(1)) if value else None
+
+
+def _escaped_histograms(text: str) -> dict[str, str]:
+    """The sample names of an OpenMetrics exposition that escapes ``:`` to ``_`` (prometheus_client
+    0.26, which vLLM 0.33 serves /metrics with, does so for ``Accept: application/openmetrics-text``;
+    ``openmetrics/exposition.py``) mapped to the engine's own: its ``# TYPE`` line keeps the name
+    (``# TYPE vllm:time_to_first_token_seconds histogram`` over
+    ``vllm_time_to_first_token_seconds_bucket{...}``). An exporter's renamed histograms declare
+    the renamed name, so they stay refused (:func:`_refuse_renamed`)."""
+    out = {}
+    for metric in re.findall(r"^#[ \t]*TYPE[ \t]+(\S+)[ \t]+histogram\b", text, re.M):
+        if ":" in metric and metric in SCRAPE_HISTOGRAMS:
+            out.update({metric.replace(":", "_") + suffix: metric + suffix for suffix in ("_bucket", "_sum", "_count")})
+    return out
 
 
 def _histogram_part(name: str) -> tuple[str | None, str]:

@@ -276,6 +276,23 @@ def test_a_scrape_of_renamed_histograms_is_refused_saying_so(tmp_path):
         read_summary(path)
 
 
+def test_an_openmetrics_scrape_that_escapes_colons_is_read_by_its_type_lines(tmp_path):
+    """vLLM 0.33 serves /metrics with prometheus_client 0.26, whose OpenMetrics writer (``Accept:
+    application/openmetrics-text``) escapes ':' to '_' in sample names but keeps the ``# TYPE`` line's
+    name: read as the engine's histogram (it was refused as an exporter's renamed one). Four TTFTs of
+    30, 50, 70 and 200 ms in buckets 40/60/80/250 ms: mean 350/4 = 87.5; p50 at rank 2 is 60; p90 at
+    rank 3.6 is 80 + 170 x 0.6 = 182 ms (Prometheus' linear interpolation in the bucket)."""
+    buckets = [("0.04", 1), ("0.06", 2), ("0.08", 3), ("0.25", 4), ("+Inf", 4)]
+    lines = ["# HELP vllm:time_to_first_token_seconds x", "# TYPE vllm:time_to_first_token_seconds histogram"]
+    lines += [f'vllm_time_to_first_token_seconds_bucket{{engine="0",le="{le}",model_name="m"}} {c}.0'
+              for le, c in buckets]
+    lines += ['vllm_time_to_first_token_seconds_count{engine="0",model_name="m"} 4.0',
+              'vllm_time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.35', "# EOF"]
+    values = read_summary(_write(tmp_path / "om.prom", "\n".join(lines) + "\n")).values
+    assert values == pytest.approx({"ttft_ms.mean": 87.5, "ttft_ms.p50": 60.0, "ttft_ms.p90": 182.0,
+                                    "ttft_ms.p99": 243.2})
+
+
 def test_a_yaml_report_beginning_with_comments_is_not_taken_for_a_scrape(tmp_path):
     """llm-d-benchmark's inference_perf_lifecycle.yaml begins with seven # lines: it was refused as
     'line 9: not a Prometheus sample: failures:'."""

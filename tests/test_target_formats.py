@@ -400,6 +400,11 @@ def test_a_run_whose_every_request_failed_is_refused(tmp_path):
         read_summary(path)
     assert str(info.value) == (f"--target {path}: every request of the run failed (completed is 0, failed is 50): it "
                                f"has no statistic to compare with")
+    path = _write(tmp_path / "empty.json", {**BENCH, "completed": 0, "failed": 0, "mean_ttft_ms": 0.0})
+    with pytest.raises(ConfigError) as info:   # nothing failed: "every request failed" would mislead
+        read_summary(path)
+    assert str(info.value) == (f"--target {path}: no request of the run completed (completed is 0, failed is 0: an "
+                               f"empty run?): it has no statistic to compare with")
 
 
 def test_a_non_streaming_run_keeps_only_its_latency_and_rates(tmp_path):
