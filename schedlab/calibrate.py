@@ -46,8 +46,9 @@ trusted:
   sensitivities, finite differences at the fit) and the parameters whose move across 5% of
   their range hardly changes the error.
 
-It prints a TOML snippet to paste into the ``[cost_model]`` table. ``--predict KEY=VALUE``
-runs the fitted model on another workload (e.g. ``workload.start=150``: the other half of a log).
+It prints a TOML snippet to paste into the experiment. ``--predict KEY=VALUE`` runs the fitted
+model on another workload (e.g. ``workload.path=other_run.jsonl``: another measured run of the same
+deployment; to score part of one run, fit on the rest with ``--part``, which replays it whole).
 """
 
 from __future__ import annotations
@@ -117,9 +118,22 @@ class Fit:
     #: statistics of a target left out of the objective, and why (a measured 0)
     left_out: tuple[str, ...] = ()
     #: the file's values that lay outside their ``--fit`` bounds (the fit started at the bound),
-    #: as ``{key: value}``, and the error at the file's values themselves (else NaN)
+    #: as ``{key: value}``, and the error at the file's values themselves (NaN when the fit
+    #: starts at them: no value outside its bounds, nothing held, no table made)
     outside: dict[str, float] = attrs.field(factory=dict)
     file_error_pct: float = math.nan
+    #: the tables a ``--fit`` key made, which the file has not (``frontend``: a front end the
+    #: file's run does not simulate)
+    created: tuple[str, ...] = ()
+    #: each fitted run's ``[[runs]]`` entry's own tables among those the fit touched (``{run:
+    #: ("cost_model",)}``): the file's top-level table cannot change what such an entry sets
+    own_tables: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+    @property
+    def before_error_pct(self) -> float:
+        """The error of the file as written: what the fit is judged against (at the start when
+        the start is the file's values)."""
+        return self.start_error_pct if math.isnan(self.file_error_pct) else self.file_error_pct
 
 
 def parse_parameter(text: str) -> Parameter:
@@ -474,8 +488,10 @@ def _calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | 
         raise ConfigError("runs fitted together are each judged against their own [target] or measured run; "
                           "--target and --part pick within one run")
     members = []  # (the run's spec, its tables, its judge)
+    file_tables = []  # each run's tables as the file has them (no --hold, no table a --fit key makes)
     for study in (_studies(exp, list(run_name)) if joint else [_study(exp, run_name)]):
         tables = _tables_with_defaults(study.base.tables)
+        file_tables.append(tables)
         for key, value in (hold or {}).items():
             tables = set_dotted(tables, key, value)
         if target is not None:
@@ -522,12 +538,19 @@ def _calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | 
     room = diagnose and max_evaluations - diagnosis >= max(starts, len(parameters) + 2)
     cap = [max_evaluations - diagnosis if room else max_evaluations]  # simulations allowed so far
 
+    descent = [None]  # the start whose descent is running (None: the start, the screen, the diagnosis)
+    found_in: dict[tuple, int | None] = {}  # each candidate: the descent that scored it
+    scored_by: dict[int, list[float]] = {}  # each descent: the errors of its candidates, in turn
+
     def evaluate(x, *, strict: bool = False):
         key = tuple(round(float(v), DECIMALS) for v in x)
         if key not in cache:
             if len(cache) >= cap[0]:
                 raise BudgetSpent
             cache[key] = score_all(exp, specs_at(key), judges, strict=strict, prefix=joint, failures=failures)
+            found_in[key] = descent[0]
+            if descent[0] is not None:
+                scored_by.setdefault(descent[0], []).append(cache[key][0])
             if bar is not None:
                 bar.update()
                 best = min(error for error, _, _ in cache.values())
@@ -536,9 +559,10 @@ def _calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | 
 
     start_error, _, start_errors = evaluate(start, strict=True)  # fail fast: bad key, nothing to compare with
     file_error = math.nan
-    if outside:  # what the file's values themselves score, outside the bounds (not a candidate of the fit)
-        file_error = score_all(exp, specs_at([outside.get(p.key, v) for p, v in zip(parameters, start)]), judges,
-                               prefix=joint)[0]
+    created = _tables_made(file_tables[0], parameters)
+    if outside or hold or created:  # the start is not the file: what the file as written scores (no candidate)
+        file_specs = [RunSpec(base.name, t, base.seed, base.engine) for (base, _, _), t in zip(members, file_tables)]
+        file_error = score_all(exp, file_specs, judges, prefix=joint)[0]
     nothing = _nothing_to_compare(start_errors, parameters, start,
                                   any(isinstance(j, SummaryTarget) for j in judges)) if start_error >= FAILED else None
     if nothing:
@@ -550,19 +574,28 @@ def _calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | 
         screened = sorted(_spread(lows, highs, size), key=lambda x: evaluate(x)[0])  # stable: ties keep order
         points += screened[:starts - 1]
     fit_cap = cap[0]
+    ran_out = {}  # each descent: whether it spent its share (stopped by the budget, not by converging)
     for i, point in enumerate(points):  # each start an equal share of the simulations left
         share = (fit_cap - len(cache)) // (len(points) - i)
         cap[0] = len(cache) + share
         # calls, not simulations: a descent also revisits points it has scored (its restarts' first vertex)
         calls = 2 * share + 2 * (len(parameters) + 1)
         if share > 0:
+            descent[0] = i
             restarted_nelder_mead(lambda x: evaluate(x)[0], point, lows, highs, calls, tolerance)
+            ran_out[i] = (share, len(cache) >= cap[0] and _still_descending(scored_by.get(i, []), start_error))
+    descent[0] = None
     cap[0] = fit_cap
     best = min(cache, key=lambda k: cache[k][0])
     error, results, errors = cache[best]
     specs = specs_at(best)
     values = {p.key: v for p, v in zip(parameters, best)}
     warnings = [_bound_warning(p, values[p.key]) for p in parameters]
+    share, spent = ran_out.get(found_in.get(best), (0, False))
+    if spent:  # (the diagnosis's 5% profile steps do not see a descent stopped a few percent short)
+        warnings.append(f"the descent that found the fit spent its {share} simulations while still lowering the "
+                        f"error: the fitted values may stop short of the best; raise --max-evaluations (e.g. to "
+                        f"{2 * max_evaluations})")
     if failures:
         warnings.append(f"{len(failures)} of the {len(cache)} candidates failed in the engine and scored as failed "
                         f"(the first: {failures[0]}); keep the bounds where the run works")
@@ -581,10 +614,55 @@ def _calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | 
                      for judge in judges for name, why in getattr(judge, "left_out", {}).items())
     fit = Fit(values, error, len(cache), {p.key: v for p, v in zip(parameters, start)}, start_error,
               dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled),
-              tuple(sensitivity), run_tables, objective, left_out, outside, file_error)
+              tuple(sensitivity), run_tables, objective, left_out, outside, file_error, created,
+              _own_tables(exp, [base.name for base, _, _ in members], parameters, hold or {}))
     if joint:
         return fit, specs, results
     return fit, specs[0], results[0] if results else None
+
+
+def _own_tables(exp, names: list[str], parameters: list[Parameter], hold: dict) -> dict[str, tuple[str, ...]]:
+    """Each run's ``[[runs]]`` entry's own tables among the top-level tables the fitted and held
+    keys are in: it overrides (or replaces) the file's top-level one, so a fitted value pasted
+    there would not reach the run."""
+    from .study.overrides import split_key
+
+    touched = list(dict.fromkeys(split_key(k)[0] for k in [p.key for p in parameters] + list(hold)))
+    entries = exp.raw.get("runs") or []
+    out = {}
+    for i, entry in enumerate(entries):
+        name = entry.get("name") or (exp.config.name or exp.path.stem if len(entries) == 1 else f"run{i + 1}")
+        own = tuple(t for t in touched if t in entry)
+        if name in names and own:
+            out[name] = own
+    return out
+
+
+def _still_descending(errors: list[float], start_error: float) -> bool:
+    """Whether a descent that spent its simulations was still going down: its last quarter of
+    candidates lowered its best error by a tenth of a point of mean |error| and by 2% of what the
+    fit gained from ``start_error``, or more (a simplex shrinking on a few tenths of a percent
+    spends its share too, but has converged for every purpose)."""
+    if len(errors) < 4:
+        return True
+    cut = len(errors) - len(errors) // 4
+    drop = min(errors[:cut]) - min(errors)
+    return drop >= max(2 * FLAT_POINTS, 0.02 * (start_error - min(errors)))
+
+
+def _tables_made(tables: dict, parameters: list[Parameter]) -> tuple[str, ...]:
+    """The tables (dotted) that setting each ``--fit`` key makes, because ``tables`` has not
+    got them: a ``[frontend]`` the run did not have turns the simulated front end on."""
+    made = []
+    for p in parameters:
+        parts = p.key.split(".")[:-1]
+        node = tables
+        for depth, part in enumerate(parts):
+            if not isinstance(node, dict) or part not in node:
+                made.append(".".join(parts[:depth + 1]))
+                break
+            node = node[part]
+    return tuple(dict.fromkeys(made))
 
 
 class BudgetSpent(Exception):
@@ -775,11 +853,11 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict,
                else f"{p.key}: {profile[i]:+.3f} points of mean error for a move over {PROFILE_STEP:.0%} of its range"
                for i, p in enumerate(parameters)]
     for i, p in enumerate(parameters):
-        if profile[i] < 0:
+        if profile[i] <= -FLAT_POINTS:
             out.append(f"{p.key}: a move over {PROFILE_STEP:.0%} of its range lowers the mean error by "
                        f"{-profile[i]:.3f} points -- the fit stopped short of the best value; raise "
                        "--max-evaluations (or --starts)")
-        elif profile[i] < FLAT_POINTS:
+        elif abs(profile[i]) < FLAT_POINTS:  # (a drop of noise is as flat as a rise of it)
             out.append(f"{p.key}: moving it over {PROFILE_STEP:.0%} of its range changes the mean error by "
                        f"{profile[i]:.3f} points -- the statistics hardly constrain it")
     jac = np.array(columns).T  # statistics x parameters
@@ -805,15 +883,22 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict,
 # --- output --------------------------------------------------------------------------------------------
 
 
-def snippet(spec, parameters: list[Parameter], held: dict[str, Any] | None = None) -> str:
+def snippet(spec, parameters: list[Parameter], held: dict[str, Any] | None = None,
+            own: tuple[str, ...] = ()) -> str:
     """The fitted tables as TOML to paste: each top-level table the fit touched, in full -- its
-    sub-tables too (``[cluster.decode.cost_model]``), so a nested key's fitted value is there."""
+    sub-tables too (``[cluster.decode.cost_model]``), so a nested key's fitted value is there.
+    A table in ``own`` -- one the run's ``[[runs]]`` entry has itself, which overrides the file's
+    top-level one -- is written as the entry's inline table instead, to replace the entry's."""
     from .study.overrides import split_key
 
     lines = []
     keys = [p.key for p in parameters] + list(held or {})
     for table in dict.fromkeys(split_key(k)[0] for k in keys):
-        lines += _table_lines(table, spec.tables[table])
+        if table in own:
+            lines += [f"# in the [[runs]] entry of {spec.name!r}, in place of its own {table} (which overrides the "
+                      f"top-level [{table}]):", f"{_toml_key(table)} = {_toml(spec.tables[table])}", ""]
+        else:
+            lines += _table_lines(table, spec.tables[table])
     return "\n".join(lines)
 
 
@@ -862,13 +947,20 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
                                                                        else "")
         if fit.objective == "requests":
             what += ", each request against its replay"
-    before = fit.file_error_pct if fit.outside else fit.start_error_pct
+    before = fit.before_error_pct
     lines = [f"before the fit (the file's values and the plugins' defaults): mean |error| "
              f"{_pct(before)} over {what}", "", "fit (start -> fitted, bounds):"]
-    if fit.outside:
-        moved = ", ".join(f"{key} = {value:g}" for key, value in fit.outside.items())
-        lines[1:1] = [f"outside the --fit bounds in the file: {moved}; the fit starts at the nearest bound "
-                      f"(mean |error| {_pct(fit.start_error_pct)} there)"]
+    if not math.isnan(fit.file_error_pct):  # the start is not the file as written: say why, and its error
+        why = []
+        if fit.outside:
+            moved = ", ".join(f"{key} = {value:g}" for key, value in fit.outside.items())
+            why.append(f"the file's {moved} outside the --fit bounds (the fit starts at the nearest bound)")
+        if fit.held:
+            why.append("held: " + ", ".join(f"{key} = {value!r}" for key, value in fit.held.items()))
+        if fit.created:
+            why.append(f"{', '.join(f'[{t}]' for t in fit.created)} made by --fit (the file has none)")
+        lines[1:1] = [f"the fit's start differs from the file ({'; '.join(why)}): mean |error| "
+                      f"{_pct(fit.start_error_pct)} there"]
     if fit.left_out:
         lines[1:1] = [f"left out of the fit: {', '.join(fit.left_out)}"]
     for p in parameters:
@@ -915,7 +1007,12 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
         return "\n".join(lines)
     lines.append("# paste into the experiment:" + (f" (the tables of {spec[0].name}; the fitted keys are the same "
                                                     "in every run)" if joint else ""))
-    lines.append(snippet(spec[0] if joint else spec, parameters, fit.held))
+    if joint and fit.own_tables:  # one snippet for every run: the runs' own tables would keep their values
+        lines.append("# (" + "; ".join(f"run {name!r} sets {', '.join(tables)} in its own [[runs]] entry"
+                                       for name, tables in fit.own_tables.items())
+                     + ": change the fitted keys there too, or they keep that entry's values)")
+    lines.append(snippet(spec[0] if joint else spec, parameters, fit.held,
+                         () if joint else fit.own_tables.get(spec.name, ())))
     return "\n".join(lines)
 
 
@@ -1078,7 +1175,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key before fitting (TOML value syntax)")
     parser.add_argument("--predict", action="append", default=[], metavar="KEY=VALUE",
-                        help="after the fit, run it with these overrides (e.g. workload.start=150) and compare")
+                        help="after the fit, run it with these overrides (e.g. workload.path=other_run.jsonl: another "
+                             "measured run of the deployment) and compare")
     parser.add_argument("--part", metavar="FIRST:END",
                         help="fit on the statistics of these requests of the log only (the whole run is simulated); "
                              "the table of the other requests then shows the prediction")
@@ -1206,6 +1304,9 @@ def _run_names(text: str | None, exp) -> str | list[str] | None:
         raise ConfigError(f"--run {text!r}: names no run; the experiment has: {', '.join(s.name for s in exp.studies)}")
     if len(names) == 1 and not any(c in names[0] for c in "*?["):
         return names[0]
+    matched = _studies(exp, names)
+    if len(matched) == 1:  # a pattern that picks one run: that run alone (--target, --part and --predict apply)
+        return matched[0].name
     return names
 
 

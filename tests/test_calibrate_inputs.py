@@ -172,6 +172,15 @@ def test_a_fit_that_stopped_short_is_not_read_as_an_unconstrained_one():
                        "of the best value; raise --max-evaluations (or --starts)"]
 
 
+def test_a_drop_of_noise_is_a_flat_parameter_not_a_fit_that_stopped_short():
+    """A move that lowers the error by 0.01 points (below FLAT_POINTS, 0.05) was "the fit stopped
+    short; raise --max-evaluations", and the flat warning was lost: the parameter is unconstrained."""
+    flagged, lines = diagnosis(lambda x: 10.0 + 0.02 * (x - 5.0))  # 9.99 at 4.5, 10.01 at 5.5
+    assert lines == ["k: -0.010 points of mean error for a move over 5% of its range"]
+    assert flagged == ["k: moving it over 5% of its range changes the mean error by -0.010 points -- the statistics "
+                       "hardly constrain it"]
+
+
 def test_a_move_the_engine_refuses_is_no_rise_of_a_million_points():
     flagged, lines = diagnosis(lambda x: FAILED if x > 5.0 else 10.0)
     assert lines == ["k: a move over 5% of its range fails in the engine"] and flagged == []

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from schedlab.calibrate import Parameter, calibrate, report, snippet
+from schedlab.calibrate import Parameter, _still_descending, calibrate, report, snippet
 from schedlab.study.experiment import load
 from schedlab.targets import read_summary
-from test_calibrate import TRUTH, WORKLOAD, bench_summary, fit_experiment, truth_run
+from test_calibrate import PARAMETERS, TRUTH, WORKLOAD, WRONG_START, bench_summary, fit_experiment, truth_run
 
 
 def test_the_snippet_holds_a_nested_keys_fitted_value_and_its_sibling_tables():
@@ -46,8 +46,8 @@ def test_a_file_value_outside_the_bounds_is_scored_as_the_files(tmp_path):
     assert fit.file_error_pct == pytest.approx(0.0, abs=1e-6) and fit.start_error_pct > 1.0
     text = report(fit, spec, result, parameters, target=target)
     assert "before the fit (the file's values and the plugins' defaults): mean |error| 0.00%" in text
-    assert (f"outside the --fit bounds in the file: cost_model.decode_ms_per_step = 6; the fit starts at the nearest "
-            f"bound (mean |error| {fit.start_error_pct:.2f}% there)") in text
+    assert (f"the fit's start differs from the file (the file's cost_model.decode_ms_per_step = 6 outside the --fit "
+            f"bounds (the fit starts at the nearest bound)): mean |error| {fit.start_error_pct:.2f}% there") in text
     assert "is no better than the file's values (0.00%), which lie outside the bounds: keep them" in text
     assert "# nothing to paste: the fit did not improve on the file's values" in text
     assert "# paste into the experiment" not in text
@@ -128,3 +128,79 @@ def test_a_fit_advances_a_progress_bar_by_its_simulations(tmp_path, monkeypatch)
     (bar,) = bars
     assert (bar.total, bar.desc) == (12, "calibrate") and bar.steps == fit.evaluations
     assert bar.postfix == f"best mean |error| {fit.mean_abs_error_pct:.2f}%"
+
+
+def test_before_the_fit_is_the_file_as_written_not_the_held_start(tmp_path):
+    """``--hold`` the true ``per_seq_ms``: "before the fit" was scored with the held value (so it
+    read 0.00%, and "nothing to paste" kept the held value that fixes the file from the user).
+    Now the file as written is "before", the start is said apart, and the snippet holds the held key."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), dict(TRUTH, per_seq_ms=1.5))
+    parameters = [Parameter("cost_model.decode_ms_per_step", 5.0, 7.0)]
+    fit, spec, result = calibrate(exp, parameters, max_evaluations=14, target=target, diagnose=False,
+                                  hold={"cost_model.per_seq_ms": 0.5})
+    unheld, _, _ = calibrate(exp, parameters, max_evaluations=1, starts=1, target=target, diagnose=False)
+    assert fit.start_error_pct == pytest.approx(0.0, abs=1e-6)           # the truth, with the held value
+    assert fit.file_error_pct == pytest.approx(unheld.start_error_pct)   # the file's 1.5 ms, as a plain fit starts
+    assert fit.file_error_pct > 5.0 and fit.before_error_pct == fit.file_error_pct
+    text = report(fit, spec, result, parameters, target=target)
+    assert f"before the fit (the file's values and the plugins' defaults): mean |error| {fit.file_error_pct:.2f}%" \
+        in text
+    assert "the fit's start differs from the file (held: cost_model.per_seq_ms = 0.5): mean |error| 0.00% there" \
+        in text
+    pasted = tomllib.loads(text.split("# paste into the experiment:\n")[1])
+    assert pasted["cost_model"]["per_seq_ms"] == 0.5
+
+
+def test_a_table_the_fit_makes_is_no_part_of_before_the_fit(tmp_path):
+    """``--fit frontend.network_ms`` on a file without ``[frontend]`` makes the table, which turns
+    the simulated front end on: "before the fit" is the file without it."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), TRUTH)
+    parameters = [Parameter("frontend.network_ms", 0.0, 20.0)]
+    fit, spec, result = calibrate(exp, parameters, max_evaluations=10, target=target, diagnose=False)
+    assert fit.created == ("frontend",)
+    assert fit.file_error_pct == pytest.approx(0.0, abs=1e-6)  # the file is the truth
+    text = report(fit, spec, result, parameters, target=target)
+    assert "before the fit (the file's values and the plugins' defaults): mean |error| 0.00%" in text
+    assert "[frontend] made by --fit (the file has none)" in text
+
+
+def test_a_descent_cut_off_while_descending_is_told_from_one_that_converged():
+    """Hand cases of the rule: a last quarter of candidates that still lowers the best error by 2
+    points of a fit that gained 19 is cut off; one that lowers it by 0.02 has converged."""
+    assert _still_descending([10.0, 8.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0], start_error=20.0)   # 3 -> 1
+    assert not _still_descending([10.0, 5.0, 2.0, 1.0, 0.99, 0.98, 0.97, 0.96], start_error=20.0)  # 0.98 -> 0.96
+
+
+def test_a_fit_whose_budget_ran_out_mid_descent_says_so(tmp_path):
+    """Three constants from a wrong start in 24 simulations: the descent that found the fit was
+    still lowering the error when its share ran out, and nothing said so (the report read as if
+    converged, values some percent off). The same fit with 240 says nothing (tests/test_calibrate)."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), WRONG_START)
+    fit, _, _ = calibrate(exp, PARAMETERS, max_evaluations=24, target=target, diagnose=False)
+    assert any(w.startswith("the descent that found the fit spent its ") and "while still lowering the error" in w
+               and w.endswith("raise --max-evaluations (e.g. to 48)") for w in fit.warnings), fit.warnings
+
+
+def test_a_key_the_runs_own_entry_sets_is_pasted_into_that_entry(tmp_path):
+    """The run's ``[[runs]]`` entry sets ``cost_model.decode_ms_per_step`` itself: the snippet was
+    a top-level ``[cost_model]``, which the entry overrides, so pasting it changed nothing (a
+    1.99% fit re-ran at 15%). Now it is the entry's own table, and pasted there it gives the fit."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    own = "cost_model = { decode_ms_per_step = 9.0 }"
+    path = tmp_path / "own.toml"
+    path.write_text("[experiment]\nreports = []\n" + WORKLOAD.format() + "[cost_model]\nkind = \"linear\"\n"
+                    + "".join(f"{k} = {v}\n" for k, v in TRUTH.items()) + f"[[runs]]\nname = \"light\"\n{own}\n")
+    parameters = [Parameter("cost_model.decode_ms_per_step", 1.0, 20.0)]
+    fit, spec, result = calibrate(load(path), parameters, max_evaluations=20, target=target, diagnose=False)
+    assert fit.own_tables == {"light": ("cost_model",)}
+    text = report(fit, spec, result, parameters, target=target)
+    pasted = text.split("# paste into the experiment:\n")[1]
+    assert pasted.startswith("# in the [[runs]] entry of 'light', in place of its own cost_model")
+    line = next(row for row in pasted.splitlines() if row.startswith("cost_model = {"))
+    path.write_text(path.read_text().replace(own, line))
+    tables = load(path).studies[0].base.tables
+    assert tables["cost_model"]["decode_ms_per_step"] == pytest.approx(fit.values[parameters[0].key], rel=1e-5)
+    assert tables["cost_model"]["per_seq_ms"] == TRUTH["per_seq_ms"]
