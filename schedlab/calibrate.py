@@ -1116,7 +1116,9 @@ def model_mismatch(target, spec, ctx) -> str:
     except (SchedlabError, KeyError):
         return ""
     try:
-        measured = ctx.presets.model(target.model).name
+        with warnings.catch_warnings():  # (which preset a tuned checkpoint's id resolves to: no news here)
+            warnings.simplefilter("ignore", InputWarning)
+            measured = ctx.presets.model(target.model).name
     except (SchedlabError, KeyError):  # an id no preset carries: its size, if both say one ("70B" vs "8b")
         sizes = [_SIZE.findall(text.lower()) for text in (target.model, simulated.hf_id or simulated.name)]
         if not all(sizes) or sizes[0][0] == sizes[1][0]:

@@ -18,8 +18,10 @@ them); bandwidths are decimal GB/s (10**9 bytes per second) and compute is dense
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import math
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
@@ -28,7 +30,7 @@ from .configs import (
     MAX_BLOCK_SIZE, MAX_MEMORY_GIB, MAX_TENSOR_PARALLEL, FieldError, bool_field, bound_text, float_field, int_field,
     str_field,
 )
-from .errors import ConfigError, UnknownPluginError
+from .errors import ConfigError, InputWarning, UnknownPluginError
 from .hf_config import is_config_path, spec_from_path
 from .kv_window import SlidingWindow, kv_groups, model_window, tokens_fitting
 from .parallelism import SINGLE, Parallelism, stage_layers
@@ -183,6 +185,13 @@ class ModelSpec:
         None, min=1, optional=True, help="tokens a sliding-window layer attends to (config.json sliding_window)")
     sliding_window_layers: int = int_field(
         0, min=0, help="how many layers use the sliding window (gpt-oss: every other one; all of them: num_layers)")
+    state_bytes: int | None = int_field(
+        None, min=1, optional=True,
+        help="the window layers are recurrent (Gated DeltaNet, Mamba-2: a config.json read sets it): the bytes of one "
+             "layer's state a sequence keeps at tensor_parallel 1, in the model's dtype; sliding_window is then that "
+             "state in tokens of one full-attention layer's KV, re-derived per rank (window_tokens): vLLM splits "
+             "the state over the ranks where KV heads beyond num_kv_heads are replicated, and keeps it in the "
+             "model's dtype (mamba_cache_dtype) under an fp8 KV cache")
     max_position_embeddings: int | None = int_field(
         None, min=1, optional=True,
         help="the context length (config.json max_position_embeddings): vLLM's default max_model_len, SGLang's "
@@ -231,6 +240,9 @@ class ModelSpec:
                               "needs fp8_activations = true")
         if self.sliding_window_layers and self.sliding_window is None:
             raise ConfigError(f"{self.name}: sliding_window_layers is set but sliding_window is not")
+        if self.state_bytes is not None and (not self.sliding_window_layers or self.kv_latent_dim is not None):
+            raise ConfigError(f"{self.name}: state_bytes is the recurrent state of the window layers: it needs "
+                              "sliding_window_layers set (and no kv_latent_dim)")
 
     def _check_heads(self) -> None:
         """Grouped-query attention: each KV head serves a whole group of the query heads."""
@@ -320,6 +332,22 @@ class ModelSpec:
         if self.sliding_window_layers and self.sliding_window_layers < self.num_layers:
             return self.num_layers - self.sliding_window_layers
         return self.num_layers
+
+    def window_tokens(self, tensor_parallel: int = 1) -> int | None:
+        """Tokens a window layer keeps a sequence on each rank: :attr:`sliding_window`, or with
+        :attr:`state_bytes` (a recurrent layer) its state on a rank over one full-attention layer's
+        KV per token on that rank. vLLM splits the state over the ranks (``mamba_utils.py``,
+        ``mamba2_state_shape`` / ``gated_delta_net_state_shape``: heads and convolution channels
+        divided by TP) in the model's dtype (``mamba_cache_dtype`` auto), while a token's KV stops
+        shrinking once ``tensor_parallel`` exceeds the KV heads (they are replicated) and halves
+        under an fp8 cache (:attr:`kv_element_bytes`): Qwen3-Next's state is 536 tokens at TP 1
+        and 2 bytes, 268 at TP 4 (2 KV heads), 1,072 at fp8."""
+        if self.state_bytes is None or self.sliding_window is None:
+            return self.sliding_window
+        tp = _check_tensor_parallel(tensor_parallel)
+        per_token = 2 * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_element_bytes
+        rank_state = -(-self.state_bytes // tp)
+        return max(1, -(-rank_state // per_token))
 
     @property
     def expert_params(self) -> float:
@@ -415,7 +443,12 @@ def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
     if kv_cache_dtype == "fp8_ds_mla" and (model.kv_latent_dim is None or model.sparse_attention_keys is None):
         raise ConfigError(f"kv_cache_dtype 'fp8_ds_mla' is DeepSeek's layout for sparse latent attention (DeepSeek-"
                           f"V3.2), and {model.name} has none; use fp8")
-    return model if size is None else attrs.evolve(model, kv_dtype_bytes=size)
+    if size is None:
+        return model
+    model = attrs.evolve(model, kv_dtype_bytes=size)
+    if model.state_bytes is not None:  # a recurrent state stays in the model's dtype: more tokens of 1-byte KV
+        model = attrs.evolve(model, sliding_window=model.window_tokens(1))
+    return model
 
 
 def kv_cache_dtype_field():
@@ -588,15 +621,42 @@ def _base_id(hf_id: str) -> str:
     return text
 
 
+#: Context lengths of checkpoints that resolve to a preset by their base id (:func:`_base_id`) but
+#: whose own config.json gives another ``max_position_embeddings`` than the preset's: the shapes are
+#: the same, the context is not. ``Qwen/Qwen2.5-{7B,72B}-Instruct``: 32,768 (their config.json;
+#: ``tests/data/hf_configs/qwen2.5-7b-instruct-awq.json`` is 7B-Instruct's), where the base
+#: ``Qwen/Qwen2.5-7B`` / ``-72B`` say 131,072; ``Qwen/Qwen3-*-Base``: 32,768 (``Qwen/Qwen3-8B-Base``
+#: config.json), where the post-trained ``Qwen/Qwen3-8B`` says 40,960. Patterns in lower case.
+HF_ID_CONTEXT = {"qwen/qwen2.5-*-instruct": 32768, "qwen/qwen3-*-base": 32768}
+
+
 def _by_hf_id(name: str, specs) -> "ModelSpec | None":
     """The preset whose ``hf_id`` is ``name`` (in any case), else the one of the same base model
-    (``meta-llama/Llama-3.1-8B-Instruct`` -> ``llama-3.1-8b``, whose id is ``meta-llama/Llama-3.1-8B``)."""
+    (``meta-llama/Llama-3.1-8B-Instruct`` -> ``llama-3.1-8b``, whose id is ``meta-llama/Llama-3.1-8B``).
+    A base-model match says so (an :class:`~schedlab.errors.InputWarning`: the shapes are the
+    preset's, which the checkpoint may not share in every respect), and takes the checkpoint's own
+    context from :data:`HF_ID_CONTEXT` where it is known to differ -- it sets vLLM's
+    ``max_model_len``, SGLang's and TGI's ``context_length``."""
     models = [spec for spec in specs if isinstance(spec, ModelSpec) and spec.hf_id]
-    for match in (lambda spec: spec.hf_id.lower() == name.lower(), lambda spec: _base_id(spec.hf_id) == _base_id(name)):
-        found = [spec for spec in models if match(spec)]
-        if len(found) == 1:
-            return found[0]
-    return None
+    found = [spec for spec in models if spec.hf_id.lower() == name.lower()]
+    if len(found) == 1:
+        return found[0]
+    found = [spec for spec in models if _base_id(spec.hf_id) == _base_id(name)]
+    if len(found) != 1:
+        return None
+    spec = found[0]
+    context = next((n for pattern, n in HF_ID_CONTEXT.items() if fnmatch.fnmatchcase(name.lower(), pattern)), None)
+    if context is not None and context != spec.max_position_embeddings:
+        spec = attrs.evolve(spec, max_position_embeddings=context)
+        told = f"with this checkpoint's own context of {context:,} tokens (its config.json)"
+    elif spec.max_position_embeddings is not None:
+        told = (f"its context of {spec.max_position_embeddings:,} tokens too (if this checkpoint's config.json says "
+                "otherwise, declare the file: [models.<name>] config = \"path/to/config.json\")")
+    else:
+        told = "no context known"
+    warnings.warn(f"model {name!r}: no preset carries this Hugging Face id; its shapes are taken from preset "
+                  f"{spec.name!r} ({spec.hf_id}), its base model, {told}", InputWarning, stacklevel=4)
+    return spec
 
 
 # --- sizing -----------------------------------------------------------------------------------
@@ -640,7 +700,9 @@ class KVSizing:
     def window(self) -> SlidingWindow | None:
         """The window layers' share of vLLM's pool (:mod:`schedlab.kv_window`), None without
         (SGLang's window layers have a pool of their own)."""
-        return model_window(self.model, self.block_size) if self.hybrid and self.swa_ratio is None else None
+        if not self.hybrid or self.swa_ratio is not None:
+            return None
+        return model_window(self.model, self.block_size, self.tensor_parallel)
 
     def sequence_blocks(self, seq_tokens: int) -> int:
         """Blocks one sequence of ``seq_tokens`` tokens holds at its longest, its window
@@ -903,7 +965,7 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         layers += (f" ({m.kv_layers} full-attention + {s.swa_ratio:g} x {m.sliding_window_layers} window layers: "
                    f"SGLang's window pool holds {s.swa_ratio:g} tokens per full-attention one)")
     elif pool_layers < m.num_layers:
-        layers += f" (the other {m.sliding_window_layers} keep {m.sliding_window} tokens)"
+        layers += f" (the other {m.sliding_window_layers} keep {m.window_tokens(tp)} tokens)"
     if m.fp8_ds_mla:
         rest = m.kv_latent_dim - m.kv_rope_dim
         kv_text = (f"{layers} x ({rest} latent x 1 B + {math.ceil(rest / DS_MLA_SCALE_GROUP)} scales x 4 B + "
@@ -955,8 +1017,9 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         f"  tokens              {s.num_blocks} blocks x {s.block_size} = {s.tokens} tokens",
     ]
     if window is not None:
-        kept = (f"{window.tokens} tokens" if window.tokens == m.sliding_window
-                else f"{m.sliding_window} tokens (as {window.tokens} of a {pool_layers}-layer group)")
+        own = m.window_tokens(tp)
+        kept = (f"{window.tokens} tokens" if window.tokens == own
+                else f"{own} tokens (as {window.tokens} of a {pool_layers}-layer group)")
         lines.append(f"  window layers       {m.sliding_window_layers} layers keep {kept} in "
                      f"{window.groups} more group(s) of {pool_layers} layers: up to "
                      f"{window.fewest(window.tokens + s.block_size)} blocks a sequence (vLLM's hybrid manager)")

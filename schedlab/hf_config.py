@@ -5,8 +5,9 @@ path/to/config.json``) reads the fields a :class:`~schedlab.capacity.ModelSpec` 
 the parameters from the shapes, as the checkpoint holds them: attention (grouped-query, with
 Qwen2's Q/K/V biases, or DeepSeek's multi-head latent attention), norms, a gated MLP (two
 matrices for GPT-style models) or routed experts with their router, shared experts and dense
-first layers (Llama 4's shared expert and interleaved dense layers), Qwen3-Next's gated attention
-and Gated DeltaNet layers, the embedding table and the LM head. On the presets' checkpoints the
+first layers (Llama 4's shared expert and interleaved dense layers; ERNIE-4.5's ``moe_*`` keys),
+Qwen3-Next's gated attention and Gated DeltaNet layers, the Mamba-2 layers of Nemotron-H,
+Granite-4.0-H and Bamba, the embedding table and the LM head. On the presets' checkpoints the
 count is exact (Llama-3-8B 8,030,261,248; Qwen2.5-7B 7,615,616,512; DeepSeek-V3 671,026,419,200
 without its MTP module: ``tests/test_hf_config.py``; current models' real files:
 ``tests/test_hf_configs_real.py``). Keys set beside ``config`` win over what is read.
@@ -26,8 +27,13 @@ Layers that do not keep every token's K and V are counted apart from the full-at
 (:attr:`~schedlab.capacity.ModelSpec.kv_layers`): sliding-window layers, Llama 4's chunked
 layers (at most ``attention_chunk_size`` tokens), Mllama's cross-attention layers (the image's
 tokens) and linear-attention layers (Qwen3-Next's Gated DeltaNet: a fixed state per sequence,
-given as the tokens of full-attention KV it equals). They share ``sliding_window_layers``; the
-``sliding_window`` shown is the largest of their spans.
+given as the tokens of full-attention KV it equals, and kept in ``state_bytes``). They share
+``sliding_window_layers``; the ``sliding_window`` shown is the largest of their spans.
+
+A layout schedlab cannot read is refused rather than read as plain attention layers: Jamba's
+``attn_layer_period``, MiniMax-Text-01's ``attn_type_list``, Mamba keys of other hybrids
+(Falcon-H1, Zamba), recurrent ``layer_types`` outside the families above, a
+``sliding_window_pattern`` whose rule is not coded, and expert counts under names not read.
 """
 
 from __future__ import annotations
@@ -42,21 +48,27 @@ from typing import Any
 from .configs import not_regular_file, value_text
 from .errors import ConfigError
 
-#: Families whose MLP is two matrices (up, down) rather than gated (gate, up, down).
-UNGATED = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "starcoder2", "falcon", "opt", "phi", "bloom"})
+#: Families whose MLP is two matrices (up, down) rather than gated (gate, up, down). Nemotron,
+#: Arcee (AFM) and Apertus (relu² / xIELU) and Persimmon too: transformers' ``NemotronMLP``,
+#: ``ArceeMLP``, ``ApertusMLP`` (``up_proj``, ``down_proj``) and ``PersimmonMLP``
+#: (``dense_h_to_4h``, ``dense_4h_to_h``), ``models/*/modeling_*.py`` (transformers 5.20).
+UNGATED = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "starcoder2", "falcon", "opt", "phi", "bloom",
+                     "nemotron", "arcee", "apertus", "persimmon"})
 #: Families whose ``tie_word_embeddings`` defaults to true when the file leaves it out
 #: (transformers' per-model config defaults; PretrainedConfig's own default is also true). OPT,
 #: BLOOM and Cohere among them: ``OPTConfig``, ``BloomConfig``, ``CohereConfig`` and
 #: ``Cohere2Config`` declare ``tie_word_embeddings: bool = True`` (transformers 5.20,
 #: ``models/{opt,bloom,cohere,cohere2}/configuration_*.py``), and facebook/opt-125m's config.json
-#: leaves the key out (its LM head is the embedding table: 125M parameters, not 162M).
+#: leaves the key out (its LM head is the embedding table: 125M parameters, not 162M). SmolLM3,
+#: ERNIE-4.5 (dense and MoE) and MPT as well (``SmolLM3Config``, ``Ernie4_5Config``,
+#: ``Ernie4_5_MoeConfig``, ``MptConfig``).
 TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "starcoder2", "gpt2", "gpt_bigcode", "falcon",
-                             "opt", "bloom", "cohere", "cohere2"})
+                             "opt", "bloom", "cohere", "cohere2", "smollm3", "ernie4_5", "ernie4_5_moe", "mpt"})
 #: Falcon's model types (vLLM's ``falcon_model_types``): multi-query unless ``new_decoder_architecture``.
 FALCON = frozenset({"falcon", "refinedweb", "refinedwebmodel"})
 #: Families with per-head RMSNorms on Q and K (Llama 4's is an L2 norm without weights).
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "qwen3_next", "qwen3_5_text",
-                     "qwen3_5_moe_text"})
+                     "qwen3_5_moe_text", "apertus"})
 #: Families whose attention output is gated by a second half of ``q_proj`` (Qwen3-Next always;
 #: Qwen3.5 by ``attn_output_gate``).
 GATED_ATTENTION = frozenset({"qwen3_next"})
@@ -82,6 +94,27 @@ OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config", "tie_word_embedding
 FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 #: Checkpoint dtypes served at 2 bytes a weight (vLLM serves a float32 checkpoint in 16 bits).
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 2, "float": 2, "half": 2}
+#: Families whose ``linear_attention`` layers are Gated DeltaNet, sized from the ``linear_*`` keys.
+GATED_DELTANET = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"})
+#: Families whose recurrent layers are Mamba-2 mixers sized from the ``mamba_*`` keys
+#: (``GraniteMoeHybridMambaLayer``, ``BambaMixer``): ``layer_types`` ``mamba`` -- or
+#: ``linear_attention``, as transformers 5.20 names them (``layers_block_type``) -- and Bamba's
+#: ``attn_layer_indices``.
+MAMBA2_FAMILIES = frozenset({"granitemoehybrid", "bamba"})
+#: Families with a shared MLP of ``shared_intermediate_size`` beside the experts (Granite MoE).
+GRANITE_SHARED_MLP = frozenset({"granitemoehybrid", "granitemoeshared"})
+#: Keys holding a layout of layers (or of experts) that transformers derives and schedlab does not
+#: read: read as a plain transformer, such a model would get K and V in every layer.
+UNREAD_LAYOUT = {
+    "attn_layer_period": "Jamba's attention layers (i % attn_layer_period == attn_layer_offset, the rest Mamba)",
+    "attn_layer_offset": "Jamba's attention layers (i % attn_layer_period == attn_layer_offset, the rest Mamba)",
+    "expert_layer_period": "Jamba's MoE layers (i % expert_layer_period == expert_layer_offset)",
+    "expert_layer_offset": "Jamba's MoE layers (i % expert_layer_period == expert_layer_offset)",
+    "attn_layer_indices": "the attention layers of a Mamba hybrid (the rest Mamba)",
+    "attn_type_list": "MiniMax's softmax (1) and lightning-attention (0) layers",
+    "layers_block_type": "each layer's kind of a Mamba hybrid (Zamba)",
+    "ssm_cfg": "the Mamba layers of a hybrid",
+}
 
 
 def read_config(path: str | os.PathLike, where: str) -> dict:
@@ -180,6 +213,7 @@ def model_fields(config: dict, where: str) -> dict:
     family = family.lower()
     if isinstance(r.get("hybrid_override_pattern"), str):
         return _hybrid_pattern_fields(r, family, where)
+    _refuse_unread_layout(r, family)
     layers = r.int("num_hidden_layers", "n_layer", "num_layers", required=True)
     hidden = r.int("hidden_size", "n_embd", "d_model", required=True)
     heads = r.int("num_attention_heads", "n_head", required=True)
@@ -197,11 +231,17 @@ def model_fields(config: dict, where: str) -> dict:
                               "(num_attention_heads) and no head_dim is given")
         head_dim = hidden // heads
     tied = r.flag("tie_word_embeddings", family in TIED_BY_DEFAULT)
-    experts = r.int("num_local_experts", "num_experts", "n_routed_experts", default=0)
-    top_k = r.int("num_experts_per_tok", "moe_topk", default=0) if experts else 0
+    # ERNIE-4.5 keeps them as moe_num_experts / moe_k (Ernie4_5_MoeConfig.attribute_map)
+    experts = r.int("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
+    top_k = r.int("num_experts_per_tok", "moe_topk", "moe_k", default=0) if experts else 0
     if experts and not top_k:
         raise ConfigError(f"{where}: {experts} routed experts but no 'num_experts_per_tok'")
+    if not experts:
+        _refuse_unread_experts(r)
     ffn = r.int("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=None) or 4 * hidden
+    granite_shared = r.int("shared_intermediate_size", default=0) if family in GRANITE_SHARED_MLP else 0
+    if granite_shared and not experts:  # (a dense Granite-4.0-H: its shared MLP is the layer's MLP)
+        ffn = granite_shared
     expert_ffn = r.int("moe_intermediate_size", default=None) or ffn
     if family == "llama4_text":  # experts and the shared expert of intermediate_size, dense layers wider
         ffn = r.int("intermediate_size_mlp", default=None) or ffn
@@ -230,13 +270,17 @@ def model_fields(config: dict, where: str) -> dict:
         if family in GATED_ATTENTION or r.flag("attn_output_gate"):
             attn += hidden * heads * head_dim  # q_proj's second half: the output gate
         attn += 2 * head_dim if family in QK_NORM else 0
-    linear = kinds.get("linear", 0)
-    attn_sum = (layers - linear) * attn + linear * _linear_attention_params(r, hidden)
+    linear, mamba = kinds.get("linear", 0), kinds.get("mamba", 0)
+    attn_sum = (layers - linear - mamba) * attn + linear * _linear_attention_params(r, hidden)
+    if mamba:
+        attn_sum += mamba * _mamba2(r, family, hidden)["params"]
     dense_mlp = mlp_mats * hidden * ffn
-    shared_count = 1 if family == "llama4_text" else r.int("n_shared_experts", default=0)
+    shared_count = 1 if family == "llama4_text" else r.int("n_shared_experts", "moe_num_shared_experts", default=0)
     if experts:
-        first_dense = r.int("first_k_dense_replace", default=0)
-        step = r.int("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1) or 1
+        first_dense = r.int("first_k_dense_replace", "moe_layer_start_index", default=0)
+        step = r.int("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", "moe_layer_interval",
+                     default=1) or 1
+        last = _moe_layer_end(r, layers)  # (ERNIE-4.5: no MoE layer past moe_layer_end_index)
         only_dense = set(r.list("mlp_only_layers", int))
         listed = set(r.list("moe_layers", int))  # Llama 4 writes its MoE layers out
         expert = mlp_mats * hidden * expert_ffn
@@ -244,21 +288,23 @@ def model_fields(config: dict, where: str) -> dict:
         shared_ffn = r.int("shared_expert_intermediate_size", default=0)
         if shared_ffn:  # Qwen2-MoE: one shared expert and its sigmoid gate
             shared += mlp_mats * hidden * shared_ffn + hidden
+        shared += mlp_mats * hidden * granite_shared  # Granite-4.0-H's shared MLP, beside every MoE block
         router = hidden * experts + (experts if r.get("topk_method") == "noaux_tc" else 0)
         if listed:
             moe_layers = sum(1 for i in listed if 0 <= i < layers)
         else:
             # layers i >= first_dense with (i + 1) a multiple of step, less the listed dense ones:
             # counted in closed form (a junk layer count must not loop for ever)
-            moe_layers = max(0, layers // step - min(first_dense, layers) // step) - sum(
-                1 for i in only_dense if first_dense <= i < layers and (i + 1) % step == 0)
+            moe_layers = max(0, last // step - min(first_dense, last) // step) - sum(
+                1 for i in only_dense if first_dense <= i < last and (i + 1) % step == 0)
         dense_part = attn_sum + layers * norms + (layers - moe_layers) * dense_mlp
         total = dense_part + moe_layers * (router + shared + experts * expert)
         active = dense_part + moe_layers * (router + shared + top_k * expert)
         routed = moe_layers * experts * expert
 
         def is_moe(i: int) -> bool:
-            return i in listed if listed else i >= first_dense and (i + 1) % step == 0 and i not in only_dense
+            return i in listed if listed else (first_dense <= i < last and (i + 1) % step == 0
+                                               and i not in only_dense)
         shared_modules = ({f"mlp.shared_experts.{p}": hidden * shared_count * expert_ffn for p in GATED_MLP}
                           if shared_count and mlp_mats == 3 else {})
         if shared_ffn and mlp_mats == 3:
@@ -294,19 +340,115 @@ def model_fields(config: dict, where: str) -> dict:
         fields["max_position_embeddings"] = context
     fields.update(_constant_layers(r, kinds, kv_heads, head_dim))
     modules = None   # every layer's projections a checkpoint may leave in 16 bits, by path
-    if layers <= MAX_NAMED_LAYERS and linear == 0:
+    if layers <= MAX_NAMED_LAYERS and linear == 0 and mamba == 0:
         dense_modules = {f"mlp.{p}": hidden * ffn for p in GATED_MLP} if mlp_mats == 3 else {}
         modules = {f"layers.{i}.{path}": size for i in range(layers) for path, size in
                    ({f"self_attn.{k}": v for k, v in attention_modules.items()} | (
                        shared_modules if is_moe(i) else dense_modules)).items()}
     fields.update(_weight_bytes(r, where, bool(experts), (modules, total - tables - routed) if modules else None))
     fields.update(_kv_cache_bytes(r))
+    if "state_bytes" in fields and "kv_dtype_bytes" in fields:  # (an FP8 cache: the state is more tokens of it)
+        fields["sliding_window"] = _state_tokens(fields["state_bytes"], kv_heads, head_dim, fields["kv_dtype_bytes"])
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
     if family:
         fields["model_type"] = family
     return fields
+
+
+def _refuse_unread_layout(r: _Reader, family: str) -> None:
+    """Refuse a file whose layer layout lives in keys schedlab does not read (:data:`UNREAD_LAYOUT`:
+    Jamba's ``attn_layer_period`` / ``expert_layer_period``, MiniMax-Text-01's ``attn_type_list``;
+    transformers' ``configuration_jamba.py`` and vLLM's ``MiniMaxText01ForCausalLM`` derive the
+    attention layers from them), or Mamba keys (``mamba_*``, ``ssm_cfg``) in a family whose Mamba
+    layers are not modelled (Falcon-H1, Zamba, Plamo): read as every layer attention, the KV per
+    token came out 8x to 11x too large and the parameters wrong, silently. Bamba's
+    ``attn_layer_indices`` and the Mamba-2 keys of :data:`MAMBA2_FAMILIES` are read; so is
+    ``mamba_ssm_dtype`` beside Gated DeltaNet layers (the state's dtype)."""
+    for key in sorted(k for k in r.config if isinstance(k, str) and r.config[k] is not None):
+        if key in UNREAD_LAYOUT and not (key == "attn_layer_indices" and family == "bamba"):
+            what = UNREAD_LAYOUT[key]
+        elif (key.startswith("mamba_") or key == "ssm_cfg") and family not in MAMBA2_FAMILIES and not (
+                family in GATED_DELTANET and key in ("mamba_ssm_dtype", "mamba_ssm_cache_dtype")):
+            what = "a Mamba layer's shape, in a family whose Mamba layers schedlab does not model"
+        else:
+            continue
+        raise ConfigError(f"{r.where}: {key}: {what}; schedlab does not read this layout (as plain attention "
+                          "layers it would count K and V in every layer). Give the model by its keys in "
+                          "[models.<name>] instead of config: num_layers = the attention layers plus the "
+                          "recurrent ones, sliding_window_layers = the recurrent ones and sliding_window = their "
+                          "state per sequence in tokens of one attention layer's KV, num_params from the model card")
+
+
+#: keys naming how many experts a model has (``num_experts``, ``n_routed_experts``,
+#: ``moe_num_shared_experts`` ...)
+EXPERT_COUNT_KEY = re.compile(r"(?:moe_)?n(?:um)?_(?:\w+_)?experts")
+
+
+def _refuse_unread_experts(r: _Reader) -> None:
+    """Refuse a file with no routed experts read but an expert count under another name (a
+    family's ``attribute_map`` may rename them, as ERNIE-4.5's ``moe_num_experts`` was): read as
+    dense, ERNIE-4.5-21B-A3B came out at 3.35B parameters instead of 21.8B."""
+    for key in sorted(k for k in r.config if isinstance(k, str) and EXPERT_COUNT_KEY.fullmatch(k)):
+        value = r.config[key]
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            raise ConfigError(f"{r.where}: {key}: {value} experts, but no routed experts are read (num_local_experts, "
+                              "num_experts, n_routed_experts or moe_num_experts); schedlab would count a dense "
+                              "model. Give the model by its keys in [models.<name>] instead of config (num_experts, "
+                              "experts_per_token, num_params, active_params)")
+
+
+def _moe_layer_end(r: _Reader, layers: int) -> int:
+    """One past the last layer that may route to experts: ``moe_layer_end_index`` + 1 (ERNIE-4.5;
+    -1, its default, is the last layer: ``Ernie4_5_MoeConfig``), else every layer."""
+    end = r.config.get("moe_layer_end_index")
+    if end is None or end == -1:
+        return layers
+    if isinstance(end, bool) or not isinstance(end, int) or end < 0:
+        raise ConfigError(f"{r.where}: moe_layer_end_index: expected a layer index (-1: the last), got "
+                          f"{value_text(end)}")
+    return min(layers, end + 1)
+
+
+def _mamba2_layer(hidden: int, heads: int, head_dim: int, groups: int, state: int, kernel: int, conv_bias: bool,
+                  proj_bias: bool, ssm_bytes: int) -> dict:
+    """One Mamba-2 mixer (transformers' ``Mamba2Mixer``, ``NemotronHMamba2Mixer``,
+    ``GraniteMoeHybridMambaLayer``, ``BambaMixer``): ``params`` -- the input projection to
+    x, z, B, C and dt, the causal convolution over x, B and C, ``A_log``, ``D``, ``dt_bias``, the
+    gated norm and the output projection, not the block's own norm -- and ``state``, the bytes a
+    sequence keeps in it, as vLLM sizes them (``mamba_utils.mamba2_state_shape``): ``kernel - 1``
+    columns of the convolution in 16 bits and the SSM state ``heads x head_dim x state`` at
+    ``ssm_bytes`` (vLLM's ``mamba_ssm_cache_dtype``: the model's dtype unless float32 is asked)."""
+    inner = heads * head_dim
+    conv_dim = inner + 2 * groups * state
+    projection = inner + conv_dim + heads
+    params = (hidden * projection + conv_dim * (kernel + conv_bias) + 3 * heads + inner + inner * hidden
+              + (projection + hidden if proj_bias else 0))
+    return {"params": params, "state": conv_dim * max(0, kernel - 1) * 2 + inner * state * ssm_bytes}
+
+
+def _ssm_bytes(r: _Reader) -> int:
+    """Bytes of one SSM-state element: 4 when the file asks for a float32 state
+    (``mamba_ssm_cache_dtype`` / ``mamba_ssm_dtype``), else the model's 2."""
+    return 4 if str(r.get("mamba_ssm_cache_dtype", r.get("mamba_ssm_dtype", ""))) == "float32" else 2
+
+
+def _mamba2(r: _Reader, family: str, hidden: int) -> dict:
+    """:func:`_mamba2_layer` of a Granite-4.0-H or Bamba Mamba layer, from the ``mamba_*`` keys
+    with transformers' defaults (``GraniteMoeHybridConfig``, ``BambaConfig``: 128 heads, 1
+    group, a state of 256, a kernel of 4, expand 2, ``mamba_d_head`` "auto" = expand x hidden /
+    heads, a convolution bias and no projection bias)."""
+    heads = r.int("mamba_n_heads", default=128)
+    expand = r.int("mamba_expand", default=2)
+    head_dim = r.config.get("mamba_d_head")
+    head_dim = (expand * hidden // heads if heads else 0) if head_dim in (None, "auto") else r.int("mamba_d_head")
+    if not heads or not head_dim or heads * head_dim != expand * hidden:
+        raise ConfigError(f"{r.where}: mamba_n_heads x mamba_d_head ({heads} x {head_dim}) must be mamba_expand x "
+                          f"hidden_size ({expand} x {hidden}), as transformers' {family} config requires")
+    return _mamba2_layer(hidden, heads, head_dim, r.int("mamba_n_groups", default=1),
+                         r.int("mamba_d_state", default=256), r.int("mamba_d_conv", default=4),
+                         r.flag("mamba_conv_bias", True), r.flag("mamba_proj_bias", False), _ssm_bytes(r))
 
 
 def _index_bytes(r: _Reader) -> dict:
@@ -353,10 +495,9 @@ def _hybrid_pattern_fields(r: _Reader, family: str, where: str) -> dict:
     tied = r.flag("tie_word_embeddings", False)
     m_heads = r.int("mamba_num_heads", required=True)
     m_dim = r.int("mamba_head_dim", default=None) or r.int("expand", default=2) * hidden // max(1, m_heads)
-    inner, groups, state = m_heads * m_dim, r.int("n_groups", default=1), r.int("ssm_state_size", required=True)
-    conv_dim, kernel = inner + 2 * groups * state, r.int("conv_kernel", default=4)
-    mamba = (hidden * (2 * inner + 2 * groups * state + m_heads) + conv_dim * (kernel + r.flag("use_conv_bias", True))
-             + 3 * m_heads + inner + inner * hidden + hidden)
+    mixer = _mamba2_layer(hidden, m_heads, m_dim, r.int("n_groups", default=1), r.int("ssm_state_size", required=True),
+                          r.int("conv_kernel", default=4), r.flag("use_conv_bias", True), False, _ssm_bytes(r))
+    mamba = mixer["params"] + hidden  # (and the block's norm)
     attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + hidden
     ffn = r.int("intermediate_size", default=None) or 4 * hidden
     mlp = 2 * hidden * ffn + hidden
@@ -384,16 +525,16 @@ def _hybrid_pattern_fields(r: _Reader, family: str, where: str) -> dict:
         if count["E"] < fields["num_layers"]:  # (the experts' fixed times: in the MoE layers only)
             fields["moe_layers"] = count["E"]
     if count["M"]:
-        conv_bytes = conv_dim * max(0, kernel - 1) * 2
-        ssm_dtype = str(r.get("mamba_ssm_cache_dtype", r.get("mamba_ssm_dtype", "")))
-        ssm_bytes = m_heads * m_dim * state * (4 if ssm_dtype == "float32" else 2)
-        fields["sliding_window"] = max(1, -(-(conv_bytes + ssm_bytes) // max(1, 2 * kv_heads * head_dim * 2)))
+        fields["sliding_window"] = _state_tokens(mixer["state"], kv_heads, head_dim)
         fields["sliding_window_layers"] = count["M"]
+        fields["state_bytes"] = max(1, mixer["state"])
     context = _context_length(r)
     if context:
         fields["max_position_embeddings"] = context
     fields.update(_weight_bytes(r, where, bool(count["E"])))
     fields.update(_kv_cache_bytes(r))
+    if "state_bytes" in fields and "kv_dtype_bytes" in fields:  # (an FP8 cache: the state is more tokens of it)
+        fields["sliding_window"] = _state_tokens(fields["state_bytes"], kv_heads, head_dim, fields["kv_dtype_bytes"])
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
@@ -429,21 +570,36 @@ def _linear_attention_params(r: _Reader, hidden: int) -> int:
 
 def _layer_kinds(r: _Reader, family: str, layers: int) -> dict:
     """How many layers keep less than every token's K and V, by kind: ``sliding`` (a window),
-    ``chunked`` (Llama 4's local chunks), ``cross`` (Mllama's attention to the image) and
-    ``linear`` (a recurrent state). From ``layer_types`` when the file lists them, else the
-    family's pattern (Gemma 2 every other layer, Gemma 3 five of six, Llama 4 three of four,
-    Qwen3-Next three of four), else every layer when a window is set and not switched off
-    (``use_sliding_window = false``)."""
+    ``chunked`` (Llama 4's local chunks), ``cross`` (Mllama's attention to the image),
+    ``linear`` (Gated DeltaNet's recurrent state: :data:`GATED_DELTANET`) and ``mamba`` (a
+    Mamba-2 state: :data:`MAMBA2_FAMILIES`). From ``layer_types`` when the file lists them (Bamba:
+    its ``attn_layer_indices``), else the family's pattern (Gemma 2 every other layer, Gemma 3 five
+    of six, Cohere2 and EXAONE 4 three of four by ``sliding_window_pattern``, Llama 4 three of
+    four, Qwen3-Next three of four), else every layer when a window is set and not switched off
+    (``use_sliding_window = false``). A ``sliding_window_pattern`` of another family is refused:
+    its rule is not known here."""
     window_on = bool(r.int("sliding_window", default=None)) and r.flag("use_sliding_window", True)
     types = r.list("layer_types", str)
+    if not types and family == "bamba":  # BambaConfig.layers_block_type: attention in attn_layer_indices only
+        attention = set(r.list("attn_layer_indices", int))
+        types = ["full_attention" if i in attention else "mamba" for i in range(min(layers, 1 << 16))]
     if types and len(types) != layers:
         raise ConfigError(f"{r.where}: layer_types: {len(types)} entries for {layers} layers (num_hidden_layers); "
                           "it names each layer's kind")
     if types:
         _check_layer_types(r, types)
+        recurrent = [t for t in types if "linear" in t or "mamba" in t]
+        if recurrent and family not in GATED_DELTANET | MAMBA2_FAMILIES:
+            raise ConfigError(f"{r.where}: layer_types: {recurrent[0]!r} layers in a {family or 'model'} model: "
+                              "schedlab reads recurrent layers only for Qwen3-Next / Qwen3.5 (Gated DeltaNet, the "
+                              "linear_* keys) and Granite-4.0-H / Bamba (Mamba-2, the mamba_* keys); give the model "
+                              "by its keys in [models.<name>] instead of config")
+        if len(recurrent) == layers:
+            raise ConfigError(f"{r.where}: layer_types: every layer is {recurrent[0]!r}: a model without attention "
+                              "layers keeps no KV, which schedlab does not model")
         kinds = {"sliding": sum(1 for t in types if "sliding" in t) if window_on else 0,
                  "chunked": sum(1 for t in types if "chunked" in t),
-                 "linear": sum(1 for t in types if "linear" in t or "mamba" in t)}
+                 ("mamba" if family in MAMBA2_FAMILIES else "linear"): len(recurrent)}
     elif family in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         interval = r.int("full_attention_interval", default=4) or 4
         kinds = {"linear": layers - layers // interval}
@@ -460,6 +616,22 @@ def _layer_kinds(r: _Reader, family: str, layers: int) -> dict:
     elif family in ("gemma3", "gemma3_text"):
         pattern = r.int("sliding_window_pattern", default=6) or 6
         kinds = {"sliding": layers - layers // pattern}
+    elif family in ("cohere2", "exaone4"):
+        # Cohere2Config / Exaone4Config (transformers 5.20): layer i slides unless (i + 1) is a multiple
+        # of the pattern (Cohere2's default 4; EXAONE 4's "LLLG" text form is not read here)
+        if isinstance(r.get("sliding_window_pattern"), str):
+            raise ConfigError(f"{r.where}: sliding_window_pattern: {r.get('sliding_window_pattern')!r} as text is "
+                              "not read; give layer_types (sliding_attention / full_attention per layer)")
+        pattern = r.int("sliding_window_pattern", default=4)
+        if not pattern:
+            raise ConfigError(f"{r.where}: sliding_window_pattern: 0 spells no layers (every pattern-th layer is "
+                              "full attention); give layer_types")
+        kinds = {"sliding": layers - layers // pattern}
+    elif r.get("sliding_window_pattern") is not None:
+        raise ConfigError(f"{r.where}: sliding_window_pattern: how a {family or 'model'} model's layers alternate "
+                          "between sliding-window and full attention is not known to schedlab (it reads the "
+                          "pattern of gemma3, cohere2 and exaone4); give layer_types (sliding_attention / "
+                          "full_attention per layer)")
     else:
         kinds = {"sliding": layers}
     if not r.int("attention_chunk_size", default=None):
@@ -489,13 +661,15 @@ def _check_layer_types(r: _Reader, types: list) -> None:
 def _constant_layers(r: _Reader, kinds: dict, kv_heads: int, head_dim: int) -> dict:
     """``sliding_window_layers``: the layers of :func:`_layer_kinds`, and ``sliding_window``: the
     most tokens one of them keeps a sequence -- its window or chunk, the image's tokens (Mllama:
-    tiles x (patches + 1)), or a linear layer's state (convolution and recurrent state, the latter
-    in float32 when ``mamba_ssm_dtype`` says so) over one full-attention layer's KV per token."""
+    tiles x (patches + 1)), or a linear or Mamba layer's state (convolution and recurrent state,
+    the latter in float32 when ``mamba_ssm_dtype`` says so) over one full-attention layer's KV per
+    token."""
     if not kinds:
         return {}
     spans = []
     if "sliding" in kinds:
-        spans.append(r.int("sliding_window"))
+        # Cohere2's window layers see sliding_window + 1 tokens (vLLM commandr.py passes it so)
+        spans.append(r.int("sliding_window") + (str(r.get("model_type", "")).lower() == "cohere2"))
     if "chunked" in kinds:
         spans.append(r.int("attention_chunk_size"))
     if "cross" in kinds:
@@ -503,14 +677,30 @@ def _constant_layers(r: _Reader, kinds: dict, kv_heads: int, head_dim: int) -> d
         vision = _Reader(vision if isinstance(vision, dict) else {}, r.where + ": vision_config")
         patches = (vision.int("image_size", default=448) // (vision.int("patch_size", default=14) or 14)) ** 2
         spans.append(vision.int("max_num_tiles", default=4) * (patches + 1))
+    states = []
     if "linear" in kinds:
         key = r.int("linear_num_key_heads", default=16) * r.int("linear_key_head_dim", default=128)
         v_heads, v_dim = r.int("linear_num_value_heads", default=32), r.int("linear_value_head_dim", default=128)
         conv = (2 * key + v_heads * v_dim) * max(0, r.int("linear_conv_kernel_dim", default=4) - 1) * 2
         state = v_heads * r.int("linear_key_head_dim", default=128) * v_dim
         state *= 4 if str(r.get("mamba_ssm_dtype", "")) == "float32" else 2
-        spans.append(-(-(conv + state) // max(1, 2 * kv_heads * head_dim * 2)))
-    return {"sliding_window": max(1, *spans), "sliding_window_layers": sum(kinds.values())}
+        states.append(conv + state)
+    if "mamba" in kinds:
+        hidden = r.int("hidden_size", "n_embd", "d_model", required=True)
+        states.append(_mamba2(r, str(r.get("model_type", "")).lower(), hidden)["state"])
+    spans += [_state_tokens(state, kv_heads, head_dim) for state in states]
+    fields = {"sliding_window": max(1, *spans), "sliding_window_layers": sum(kinds.values())}
+    if len(states) == len(spans) == 1:  # (only recurrent layers: their state is kept in bytes as well)
+        fields["state_bytes"] = max(1, states[0])
+    return fields
+
+
+def _state_tokens(state: int, kv_heads: int, head_dim: int, kv_bytes: int = 2) -> int:
+    """A recurrent layer's ``state`` bytes as tokens of one full-attention layer's KV (at
+    tensor_parallel 1, ``kv_bytes`` an element): how ``sliding_window`` holds it. The state
+    itself stays in ``state_bytes`` (:meth:`~schedlab.capacity.ModelSpec.window_tokens` re-derives
+    the tokens per rank and KV dtype)."""
+    return max(1, -(-state // max(1, 2 * kv_heads * head_dim * kv_bytes)))
 
 
 #: keys holding a model's context length, as vLLM reads them (the smallest one given)

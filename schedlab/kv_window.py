@@ -94,14 +94,16 @@ def kv_groups(num_layers: int, window_layers: int) -> tuple[int, int, int]:
     return size, 1, -(-window_layers // size)
 
 
-def model_window(model, block_size: int) -> SlidingWindow | None:
+def model_window(model, block_size: int, tensor_parallel: int = 1) -> SlidingWindow | None:
     """The window of ``model`` (a :class:`~schedlab.capacity.ModelSpec`) in blocks of
-    ``block_size``, or None when it has no window layers or only window layers."""
+    ``block_size`` on each of ``tensor_parallel`` ranks, or None when it has no window layers or
+    only window layers. A recurrent state's tokens depend on the ranks and the KV dtype
+    (``ModelSpec.window_tokens``); a window's do not."""
     layers = model.sliding_window_layers
     if not layers or layers >= model.num_layers or model.sliding_window is None:
         return None
     size, _, groups = kv_groups(model.num_layers, layers)
-    tokens = model.sliding_window
+    tokens = model.window_tokens(tensor_parallel)
     full = model.num_layers - layers
     if layers < full and full >= 1.5 * layers:  # folded into one group of the full layers' size (kv_groups)
         tokens = max(1, -(-tokens * layers // size))

@@ -704,3 +704,35 @@ def test_capacity_errors_name_the_option(capsys, args, message):
 
     assert main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", *args]) == 2
     assert capsys.readouterr().err.startswith(f"schedlab: error: {message}")
+
+
+# --- review s78: a Hugging Face id resolved by its base model -----------------------------------------------------
+
+
+def test_a_tuned_checkpoints_id_gets_its_own_context_and_says_whose_shapes(presets):
+    """Qwen/Qwen2.5-7B-Instruct resolves to qwen2.5-7b (the base's shapes) but its config.json says
+    32,768 tokens where the base's says 131,072 (tests/data/hf_configs/qwen2.5-7b-instruct-awq.json is
+    its config); Qwen/Qwen3-8B-Base's says 32,768 where Qwen/Qwen3-8B's says 40,960. The context is
+    the checkpoint's, and the resolution says the shapes are the base preset's."""
+    import json
+    import warnings
+    from pathlib import Path
+
+    from schedlab.errors import InputWarning
+
+    awq = json.loads((Path(__file__).parent / "data" / "hf_configs" / "qwen2.5-7b-instruct-awq.json").read_text())
+    for hf_id, preset, context in [("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b", awq["max_position_embeddings"]),
+                                   ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b", 32768),
+                                   ("Qwen/Qwen3-8B-Base", "qwen3-8b", 32768)]:
+        with pytest.warns(InputWarning, match=rf"model '{hf_id}': no preset carries this Hugging Face id; its "
+                                              rf"shapes are taken from preset '{preset}' .*32,768 tokens"):
+            model = presets.model(hf_id)
+        assert (model.name, model.max_position_embeddings) == (preset, 32768)
+        assert attrs.evolve(model, max_position_embeddings=None) == attrs.evolve(MODEL[preset],
+                                                                                 max_position_embeddings=None)
+    with pytest.warns(InputWarning, match=r"preset 'llama-3.1-8b' \(meta-llama/Llama-3.1-8B\), its base model, its "
+                                          r"context of 131,072 tokens too"):
+        assert presets.model("meta-llama/Llama-3.1-8B-Instruct").max_position_embeddings == 131072
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a preset's own id: nothing to say
+        assert presets.model("Qwen/Qwen2.5-7B").max_position_embeddings == MODEL["qwen2.5-7b"].max_position_embeddings

@@ -435,3 +435,80 @@ def test_moe_layer_count_by_hand(first_dense, step, only_dense):
     assert s.num_params - dense.num_params == moe * (128 * 3 * 2048 * 768 + 2048 * 128 - 3 * 2048 * 6144)
     with pytest.raises(ConfigError, match="num_layers: must be <= 2"):
         spec({**config, "num_hidden_layers": 2**62})
+
+
+# -- review s78: layouts, expert keys and defaults read since -----------------------------------------------------
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"model_type": "falcon_h1", "mamba_d_state": 256, "mamba_n_heads": 128}, "mamba_d_state"),  # Falcon-H1
+    ({"model_type": "zamba2", "layers_block_type": ["mamba", "hybrid"] * 16}, "layers_block_type"),
+    ({"model_type": "plamo", "ssm_cfg": {"d_state": 16}}, "ssm_cfg"),
+    ({"model_type": "jamba", "attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_offset"),
+    ({"model_type": "jamba", "expert_layer_period": 2}, "expert_layer_period"),
+    ({"model_type": "llama", "attn_layer_indices": [9, 18, 27]}, "attn_layer_indices"),   # Bamba's, elsewhere
+    ({"model_type": "minimax_text_01", "attn_type_list": [0, 1] * 16}, "attn_type_list"),
+])
+def test_layouts_schedlab_does_not_read_are_refused(change, key):
+    """A hybrid's layers kept in keys not read (Jamba, MiniMax-Text-01, Falcon-H1, Zamba, Plamo)
+    were read as 32 attention layers, silently; now the key is named, with how to give the model."""
+    with pytest.raises(ConfigError, match=rf"^config.json: {key}: .*Give the model by its keys in "
+                                          r"\[models.<name>\] instead of config"):
+        spec({**LLAMA_3_8B, **change})
+
+
+def test_the_gated_deltanet_state_dtype_is_a_mamba_key_read():
+    """Qwen3-Next's ``mamba_ssm_dtype`` (its linear layers' state dtype) is read, not refused."""
+    config = {"model_type": "qwen3_next", "num_hidden_layers": 8, "hidden_size": 1024, "intermediate_size": 2048,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 1000,
+              "mamba_ssm_dtype": "float32"}
+    halves = spec({**config, "mamba_ssm_dtype": None})
+    assert spec(config).state_bytes - halves.state_bytes == 32 * 128 * 128 * 2   # 4 bytes an element, not 2
+
+
+@pytest.mark.parametrize("key", ["n_shared_experts", "num_routed_experts", "moe_num_shared_experts"])
+def test_expert_counts_under_names_not_read_are_refused(key):
+    """Read as dense, ERNIE-4.5-21B-A3B's moe_num_experts came out at 3.35B parameters instead of 21.8B:
+    an expert count beside no routed experts read is now named."""
+    with pytest.raises(ConfigError, match=rf"^config.json: {key}: 4 experts, but no routed experts are read"):
+        spec({**LLAMA_3_8B, key: 4})
+    assert spec({**LLAMA_3_8B, key: 0}).num_experts == 0   # (a zero count is a dense model's)
+
+
+@pytest.mark.parametrize("family", ["cohere2", "exaone4"])
+@pytest.mark.parametrize("pattern, sliding", [(4, 24), (2, 16), (8, 28)])
+def test_sliding_window_pattern_of_cohere2_and_exaone4(family, pattern, sliding):
+    """Cohere2Config / Exaone4Config: layer i slides unless (i + 1) % sliding_window_pattern == 0 --
+    of 32 layers, 32 - 32 // pattern slide; the rest keep every token."""
+    s = spec({**LLAMA_3_8B, "model_type": family, "sliding_window": 4096, "sliding_window_pattern": pattern})
+    assert s.sliding_window_layers == sliding
+    assert s.kv_bytes_per_token() == 2 * (32 - sliding) * 8 * 128 * 2
+
+
+def test_a_sliding_window_pattern_not_coded_is_refused():
+    """Other families' patterns are not known: refused, where every layer was taken to slide."""
+    with pytest.raises(ConfigError, match=r"^config.json: sliding_window_pattern: how a llama model's layers "
+                                          r"alternate .* give layer_types"):
+        spec({**LLAMA_3_8B, "sliding_window": 4096, "sliding_window_pattern": 4})
+    with pytest.raises(ConfigError, match=r"^config.json: sliding_window_pattern: 'LLLG' as text is not read"):
+        spec({**LLAMA_3_8B, "model_type": "exaone4", "sliding_window": 4096, "sliding_window_pattern": "LLLG"})
+    # written out as layer_types (EXAONE 4.0's own files), it is read
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    s = spec({**LLAMA_3_8B, "model_type": "exaone4", "sliding_window": 4096, "sliding_window_pattern": "LLLG",
+              "layer_types": types * 8})
+    assert s.sliding_window_layers == 24
+
+
+@pytest.mark.parametrize("family", ["smollm3", "ernie4_5", "ernie4_5_moe"])
+def test_families_tied_by_default(family):
+    """transformers' SmolLM3Config, Ernie4_5Config and Ernie4_5_MoeConfig default
+    tie_word_embeddings to true (MptConfig too): a file that leaves it out has one table, not two
+    (SmolLM3-3B: 128,256 x 2,048 = 263M parameters fewer)."""
+    config = {**LLAMA_3_8B, "model_type": family, "hidden_size": 2048, "num_attention_heads": 16,
+              "num_key_value_heads": 4, "intermediate_size": 11008, "num_hidden_layers": 36}
+    del config["tie_word_embeddings"]
+    s = spec(config)
+    assert s.tied_embeddings
+    assert spec({**config, "tie_word_embeddings": False}).num_params - s.num_params == 128256 * 2048
+    from schedlab.hf_config import TIED_BY_DEFAULT
+    assert "mpt" in TIED_BY_DEFAULT   # (an MPT file is refused earlier: its n_layers / d_model are not read)

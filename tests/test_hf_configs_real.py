@@ -257,10 +257,12 @@ def test_compressed_tensors_errors_name_the_key(change, message):
 @pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.json")))
 def test_every_real_config_sizes_a_kv_pool(name, tmp_path):
     """Each file gives a capacity report at TP 8 (Phi-4's 10 KV heads: TP 2; Qwen2.5-7B's 28
-    attention heads: TP 4, as vLLM requires)."""
+    and AFM-4.5B's and ERNIE-4.5's 20 attention heads: TP 4, as vLLM requires). The files of
+    ``refused/`` are refused (:func:`test_hybrid_layouts_in_unread_keys_are_refused`)."""
     (tmp_path / name).mkdir()
     (tmp_path / name / "config.json").write_text((DATA / f"{name}.json").read_text())
-    tp = 2 if name == "phi-4" else 4 if name.startswith("qwen2.5-") and "7b" in name else 8
+    tp = 2 if name == "phi-4" else 4 if name.startswith("qwen2.5-") and "7b" in name or name in (
+        "afm-4.5b", "ernie-4.5-21b-a3b") else 8   # (20 attention heads)
     text = capacity_command({"model": str(tmp_path / name), "gpu": "h200-141gb", "tensor_parallel": tp},
                             load_catalog(entry_points=False))
     assert text.startswith(f"KV capacity of {name} on h200-141gb")
@@ -473,3 +475,190 @@ def test_hf_quant_config_json_asks_for_the_fp8_cache_too_and_an_explicit_dtype_w
     assert s.kv_bytes_per_token() == 65_536
     assert with_kv_cache_dtype(s, "auto").kv_bytes_per_token() == 65_536
     assert with_kv_cache_dtype(s, "bfloat16").kv_bytes_per_token() == 131_072   # --kv-cache-dtype bfloat16
+
+
+# -- review s78: layouts and keys read since ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, key", [("jamba-v0.1", "attn_layer_offset"), ("minimax-text-01", "attn_type_list")])
+def test_hybrid_layouts_in_unread_keys_are_refused(name, key):
+    """ai21labs/Jamba-v0.1 (attention in layers i % attn_layer_period == attn_layer_offset, the rest
+    Mamba: 4 of 32; transformers' configuration_jamba.py) and MiniMaxAI/MiniMax-Text-01 (10 softmax
+    layers of 80 in attn_type_list) were read as every layer attention: KV 8x too large, Jamba
+    92.1B parameters where it has 51.6B. Refused, naming the key and how to give the model."""
+    cfg = json.loads((DATA / "refused" / f"{name}.json").read_text())
+    with pytest.raises(ConfigError, match=rf"^config.json: {key}: .*\[models.<name>\] instead of config"):
+        spec(cfg)
+
+
+def mamba2(hidden, heads, head_dim, groups, state, kernel=4):
+    """One Mamba-2 mixer by hand: in_proj to x, z, B, C and dt; a biased depthwise conv over x, B, C;
+    A_log, D, dt_bias; the gated norm; out_proj."""
+    inner, conv_dim = heads * head_dim, heads * head_dim + 2 * groups * state
+    return hidden * (2 * inner + 2 * groups * state + heads) + conv_dim * (kernel + 1) + 3 * heads + inner \
+        + inner * hidden
+
+
+def test_bamba_attention_layers_from_attn_layer_indices():
+    """ibm-ai-platform/Bamba-9B: attention in layers 9, 18 and 27 only (BambaConfig.layers_block_type),
+    the other 29 Mamba-2 (128 heads of 64, state 128); a gated MLP in every layer. 9.78B parameters
+    (the model card's 9.8B); KV from 3 layers, 12 KiB a token (it was read as 32 layers: 128 KiB)."""
+    s = spec(config("bamba-9b"))
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 8 * 128
+    layer_rest = 3 * 4096 * 14336 + 2 * 4096   # the MLP and two norms
+    assert s.num_params == (29 * mamba2(4096, 128, 64, 1, 128) + 3 * attention + 32 * layer_rest
+                            + 2 * 128256 * 4096 + 4096)
+    assert s.num_params == pytest.approx(9.8e9, rel=0.005)
+    assert s.kv_bytes_per_token() == full_kv(3, 8, 128) == 12 * 1024
+    state = (8192 + 2 * 128) * 3 * 2 + 8192 * 128 * 2   # conv's kernel - 1 columns, SSM state, 16 bits each
+    assert (s.sliding_window_layers, s.state_bytes) == (29, state)
+    assert s.sliding_window == -(-state // (2 * 8 * 128 * 2)) == 525
+
+
+def test_granite_4_0_h_mamba_layers_from_the_mamba_keys():
+    """ibm-granite/granite-4.0-h-small: 36 "mamba" layers are Mamba-2 mixers of the mamba_* keys (they
+    were read as Qwen3-Next's Gated DeltaNet with its default sizes, the mamba_* keys changing
+    nothing), 4 attention layers; each layer also a MoE block (72 experts of 768, 10 a token) and a
+    shared MLP of 1536. 32B parameters and 9B active, as IBM's model card says."""
+    s = spec(config("granite-4.0-h-small"))
+    mamba = mamba2(4096, 128, 64, 1, 128)
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 8 * 128
+    expert, shared, router = 3 * 4096 * 768, 3 * 4096 * 1536, 4096 * 72
+    common = 36 * mamba + 4 * attention + 40 * (2 * 4096 + router + shared) + 100352 * 4096 + 4096   # tied
+    assert s.num_params == common + 40 * 72 * expert
+    assert s.active_params == common + 40 * 10 * expert
+    assert s.num_params == pytest.approx(32e9, rel=0.01) and s.active_params == pytest.approx(9e9, rel=0.03)
+    assert s.kv_bytes_per_token() == full_kv(4, 8, 128)
+    # the review's hand count: conv (8192 + 2 x 128) x 3 x 2 + SSM 128 x 64 x 128 x 2 = 2,147,840 B = 525 tokens
+    assert (s.sliding_window_layers, s.state_bytes, s.sliding_window) == (36, 2_147_840, 525)
+    bigger = spec({**config("granite-4.0-h-small"), "mamba_d_state": 256})
+    assert bigger.sliding_window == -(-((8192 + 2 * 256) * 3 * 2 + 8192 * 256 * 2) // 4096) == 1037
+    assert bigger.num_params - s.num_params == 36 * (4096 * 2 * 128 + 2 * 128 * 5)
+    wider = spec({**config("granite-4.0-h-small"), "mamba_n_heads": 64, "mamba_d_head": 128})
+    assert s.num_params - wider.num_params == 36 * (4096 * 64 + 3 * 64)
+    # transformers 5.20 saves these layers as "linear_attention" (GraniteMoeHybridConfig.layers_block_type)
+    renamed = [("linear_attention" if t == "mamba" else t) for t in config("granite-4.0-h-small")["layer_types"]]
+    assert spec({**config("granite-4.0-h-small"), "layer_types": renamed}) == s
+
+
+def test_a_dense_granite_4_0_h_has_its_shared_mlp_as_the_mlp():
+    """num_local_experts 0 (Granite-4.0-H-Micro's layout): the layer's MLP is its shared MLP of
+    shared_intermediate_size (transformers' GraniteMoeHybridDecoderLayer), not intermediate_size."""
+    dense = spec({**config("granite-4.0-h-small"), "num_local_experts": 0, "num_experts_per_tok": 0})
+    moe = spec(config("granite-4.0-h-small"))
+    assert moe.num_params - dense.num_params == 40 * (72 * 3 * 4096 * 768 + 4096 * 72)
+    assert dense.num_experts == 0
+
+
+@pytest.mark.parametrize("family, kind", [("minimax", "linear_attention"), ("llama", "mamba"),
+                                          ("lfm2", "linear_attention")])
+def test_recurrent_layer_types_outside_the_families_read_are_refused(family, kind):
+    """A "linear_attention" or "mamba" layer is sized from Qwen3-Next's / Qwen3.5's linear_* keys or
+    Granite-4.0-H's / Bamba's mamba_* keys; elsewhere (MiniMax's lightning attention) it is refused."""
+    cfg = {**config("llama-3.1-8b"), "model_type": family, "layer_types": [kind, "full_attention"] * 16}
+    with pytest.raises(ConfigError, match=rf"layer_types: '{kind}' layers in a {family} model"):
+        spec(cfg)
+
+
+def test_command_r7b_slides_three_layers_of_four():
+    """CohereForAI/c4ai-command-r7b-12-2024: sliding_window_pattern 4 -- layers 3, 7, ... full, the
+    other 24 a window (Cohere2Config, transformers 5.20) of 4,096 + 1 tokens (vLLM commandr.py).
+    KV 8 x 2 x 8 x 128 x 2 = 32 KiB a token: it was read as 32 sliding layers, counted whole (128 KiB)."""
+    s = spec(config("command-r7b"))
+    assert s.kv_bytes_per_token() == full_kv(8, 8, 128) == 32 * 1024
+    assert (s.sliding_window_layers, s.sliding_window) == (24, 4097)
+    unset = {k: v for k, v in config("command-r7b").items() if k != "sliding_window_pattern"}
+    assert spec(unset).sliding_window_layers == 24   # Cohere2Config's default pattern: 4
+
+
+def test_ernie_4_5_moe_keys_under_their_own_names():
+    """baidu/ERNIE-4.5-21B-A3B: 64 experts (moe_num_experts) of 3 x 2560 x 1536, 6 a token (moe_k),
+    2 shared (moe_num_shared_experts: one MLP of 2 x 1536), in layers 1-27 (moe_layer_start_index 1);
+    layer 0 a dense MLP of 12,288; tied tables. 21.8B parameters, 3B active (it was read as a 3.35B
+    dense model)."""
+    s = spec(config("ernie-4.5-21b-a3b"))
+    attention = 2 * 2560 * 20 * 128 + 2 * 2560 * 4 * 128
+    expert = 3 * 2560 * 1536
+    base = 28 * (attention + 2 * 2560) + 3 * 2560 * 12288 + 103424 * 2560 + 2560
+    moe = 2560 * 64 + 2 * expert
+    assert s.num_params == base + 27 * (moe + 64 * expert)
+    assert s.active_params == base + 27 * (moe + 6 * expert)
+    assert s.num_params == pytest.approx(21.8e9, rel=0.005) and s.active_params == pytest.approx(3e9, rel=0.15)
+    assert (s.num_experts, s.experts_per_token, s.shared_experts, s.moe_layers) == (64, 6, 2, 27)
+    # moe_layer_end_index: layers past it are dense (Ernie4_5_MoeDecoderLayer)
+    cut = spec({**config("ernie-4.5-21b-a3b"), "moe_layer_end_index": 13})
+    assert cut.moe_layers == 13
+    assert s.num_params - cut.num_params == 14 * (moe + 64 * expert - 3 * 2560 * 12288)
+
+
+@pytest.mark.parametrize("name, ffn, published", [
+    ("nemotron-mini-4b", 9216, 4.19e9),   # nvidia/Nemotron-Mini-4B-Instruct model card: 4.19B
+    ("afm-4.5b", 18432, 4.62e9),          # arcee-ai/AFM-4.5B: 4.5B by name, 4.62B counted
+    ("apertus-8b", 21504, 8.05e9),        # swiss-ai/Apertus-8B-2509: 8.05B
+    ("persimmon-8b", 16384, 9.3e9),       # adept/persimmon-8b-base: 9.3B
+])
+def test_ungated_mlp_families(name, ffn, published):
+    """Nemotron's, Arcee's and Apertus's MLPs (relu² / xIELU) and Persimmon's are up and down only
+    (transformers' NemotronMLP, ArceeMLP, ApertusMLP, PersimmonMLP): one matrix fewer than a gated
+    MLP of the same width, in every layer."""
+    cfg = config(name)
+    s = spec(cfg)
+    gated = spec({**cfg, "model_type": "llama"})
+    qk_norm = 2 * 128 * 32 if name == "apertus-8b" else 0   # Apertus's per-head q_norm and k_norm
+    assert gated.num_params - s.num_params == cfg["num_hidden_layers"] * cfg["hidden_size"] * ffn - qk_norm
+    assert s.num_params == pytest.approx(published, rel=0.02)
+
+
+def test_nemotron_mini_4b_by_hand():
+    """Nemotron-Mini-4B: 32 layers of 2 x 3072 x 3072 + 2 x 3072 x 1024 attention and a 2 x 3072 x
+    9216 MLP, untied tables of 256,000: 4,190,309,376 (the model card's 4.19B)."""
+    layer = 2 * 3072 * 3072 + 2 * 3072 * 1024 + 2 * 3072 * 9216 + 2 * 3072
+    assert spec(config("nemotron-mini-4b")).num_params == 32 * layer + 2 * 256000 * 3072 + 3072 == 4_190_309_376
+
+
+def test_a_recurrent_state_per_rank_and_kv_dtype():
+    """Qwen3-Next's Gated DeltaNet state (1,097,728 B a layer and sequence) is 536 tokens of a full
+    layer's 2 x 2 x 256 x 2 B at TP 1. vLLM splits the state over the ranks (gated_delta_net_state_shape)
+    while the 2 KV heads are replicated past TP 2: at TP 4 a rank keeps 274,432 B = 268 tokens of its
+    1 x 256 x 2 x 2 B (it was 536: twice the state); at TP 8, 134. An fp8 KV cache does not shrink the
+    state (vLLM's mamba_cache_dtype follows the model): 1,072 tokens of 1,024 B."""
+    from schedlab.capacity import Presets, size_kv_cache, with_kv_cache_dtype
+
+    s = spec(config("qwen3-next-80b-a3b"))
+    state = (2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 2
+    assert s.state_bytes == state == 1_097_728
+    assert [s.window_tokens(tp) for tp in (1, 2, 4, 8)] == [536, 536, -(-state // 4 // 1024), -(-state // 8 // 1024)]
+    assert s.window_tokens(4) == 268 and s.window_tokens(8) == 134
+    fp8 = with_kv_cache_dtype(s, "fp8")
+    assert fp8.sliding_window == fp8.window_tokens(1) == state // (2 * 2 * 256) == 1072
+    assert fp8.window_tokens(4) == 536
+    gpu = Presets.from_catalog(load_catalog(entry_points=False), {}).gpu("h200-141gb")
+    assert size_kv_cache(s, gpu, tensor_parallel=4).window.tokens == 268
+    assert size_kv_cache(fp8, gpu, tensor_parallel=2).window.tokens == 548_864 // (2 * 1 * 256 * 1) == 1072
+    # the roofline's decode reads each rank's state once a layer: 36 layers x 1,097,728 / 4 B at TP 4 (it
+    # read 36 x 536 tokens x 1,024 B, twice that)
+    from schedlab_plugins.cost_models.work import ModelWork
+
+    assert s.sliding_window_layers == 36
+    assert ModelWork(s, tensor_parallel=4).window_bytes_per_decode == 36 * 268 * 1024 == 36 * state // 4
+    # a window's tokens are the window's at any TP and dtype
+    gemma = spec(config("gemma-2-9b"))
+    assert gemma.state_bytes is None
+    assert gemma.window_tokens(8) == with_kv_cache_dtype(gemma, "fp8").sliding_window == 4096
+
+
+def test_a_mamba_state_under_an_fp8_cache_a_checkpoint_asks_for():
+    """Nemotron 3 Nano's Mamba-2 state -- conv (64 x 64 + 2 x 8 x 128) x 3 x 2 B + SSM 64 x 64 x 128 x 4 B
+    (float32) = 2,134,016 B -- is 2,084 tokens of a layer's 2 x 2 x 128 x 2 B KV; a ModelOpt checkpoint
+    asking for an FP8 cache (kv_cache_quant_algo) keeps the state as it is, so it is 4,168 tokens of
+    1-byte KV (it was halved with the KV). Under --kv-cache-dtype fp8 likewise."""
+    from schedlab.capacity import with_kv_cache_dtype
+
+    state = (64 * 64 + 2 * 8 * 128) * 3 * 2 + 64 * 64 * 128 * 4
+    s = spec(config("nemotron-3-nano-30b-a3b"))
+    assert (s.state_bytes, s.sliding_window) == (state, 2084)
+    fp8 = spec({**config("nemotron-3-nano-30b-a3b"),
+                "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
+    assert fp8.kv_element_bytes == 1 and fp8.sliding_window == -(-state // (2 * 2 * 128)) == 4168
+    assert with_kv_cache_dtype(s, "fp8").sliding_window == 4168
+    assert with_kv_cache_dtype(s, "fp8").sliding_window * fp8.kv_bytes_per_token() // 6 >= state

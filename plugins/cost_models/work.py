@@ -104,7 +104,7 @@ class ModelWork:
         #: KV bytes a decode reads from its window layers: their window's, a constant taken whole
         #: (a context shorter than the window reads less); 0 without window layers
         window = m.sliding_window_layers if m.kv_layers < m.num_layers else 0
-        self.window_bytes_per_decode = (self.kv_bytes_per_token // m.kv_layers * window * m.sliding_window
+        self.window_bytes_per_decode = (self.kv_bytes_per_token // m.kv_layers * window * m.window_tokens(tp)
                                         if window else 0)
         #: bytes of the LM head (the tied table too), read in full by the last pipeline stage
         self.lm_head_bytes = lm_head * m.table_bytes_per_param / tp
