@@ -14,6 +14,7 @@ found by stepping SGLang's own scheduler are in tests/test_sglang_diff.py.
 from __future__ import annotations
 
 import textwrap
+import warnings
 
 from attrs import evolve as attrs_evolve
 
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.configs import from_table
-from schedlab.errors import ConfigError
+from schedlab.errors import ConfigError, InputWarning
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.study.simulation import assemble
@@ -581,12 +582,35 @@ def test_waiting_timeout_wakes_the_scheduler_when_it_ends(engine):
 def test_shortest_prefill_first_takes_the_fewest_tokens_to_prefill_with_a_prefix_cache(engine):
     # One slot, three one-token answers queued at 0: prompts of 30, 10 and 20 (P = 0.125 ms a token).
     # With the radix cache: R1 (10) -> 1.25, R2 (20) -> 3.75, R0 (30) -> 7.5. Without a prefix
-    # cache SGLang runs it as fcfs: R0 -> 3.75, R1 -> 5.0, R2 -> 7.5.
+    # cache SGLang refuses to start (it ran as fcfs: "Experimental shortest-prefill-first requires
+    # prefix caching", SchedulePolicy._validate_and_adjust_policy, 0.5.23).
     reqs = [Request(0, 0.0, 30, 1), Request(1, 0.0, 10, 1), Request(2, 0.0, 20, 1)]
-    for kv, finish in ((RadixKVCache(200, 1), {0: 7.5, 1: 1.25, 2: 3.75}),
-                       (PagedKVCache(200, 1), {0: 3.75, 1: 5.0, 2: 7.5})):
-        sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="shortest-prefill-first"))
-        assert by_id(run(reqs, sched, kv, engine), "finish_ms") == finish
+    sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="shortest-prefill-first"))
+    assert by_id(run(reqs, sched, RadixKVCache(200, 1), engine), "finish_ms") == {0: 7.5, 1: 1.25, 2: 3.75}
+    sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="shortest-prefill-first"))
+    assert "'shortest-prefill-first' needs prefix caching" in sched.kv_problem(PagedKVCache(200, 1))
+    assert sched.setting_notes(PagedKVCache(200, 1)) == []  # (refused, not noted as run first come first served)
+    fcfs_like = SglangScheduler(_sync(max_running_requests=1, schedule_policy="lpm"))
+    assert fcfs_like.kv_problem(PagedKVCache(200, 1)) is None and fcfs_like.setting_notes(PagedKVCache(200, 1))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ignore_eos_all_beside_an_output_short_of_its_max_tokens_is_warned_of(engine):
+    """SGLang's --ignore-eos generates max_new_tokens whatever the model's EOS (Req.
+    _check_token_based_finish returns False at once): with ignore_eos = "all" a request whose
+    output (10) stops before its max_tokens (50) is served as no SGLang configuration serves it --
+    admission charges 50 tokens, the answer ends at 10. Said once; outputs equal to max_tokens
+    are not."""
+    short = [Request(0, 0.0, 10, 10, max_tokens=50), Request(1, 0.0, 10, 10, max_tokens=50)]
+    with pytest.warns(InputWarning, match=r'ignore_eos = "all": request 0 stops at its EOS after 10 tokens, before '
+                                          r"its max_tokens 50") as caught:
+        run(short, SglangScheduler(_sync(ignore_eos="all")), RadixKVCache(400, 1), engine)
+    assert sum("ignore_eos" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        run([Request(0, 0.0, 10, 50, max_tokens=50)], SglangScheduler(_sync(ignore_eos="all")), RadixKVCache(400, 1),
+            engine)
+        run(short, SglangScheduler(_sync(ignore_eos="no_max_tokens")), RadixKVCache(400, 1), engine)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -725,6 +749,14 @@ def sglang_pool(requests, block_size: int, spare: int, prefix_cache: bool = True
     return least + spare
 
 
+def cacheable(cfg: SglangConfig, kind: str) -> SglangConfig:
+    """``cfg`` as SGLang would start with the cache ``kind`` (:data:`KVS`): shortest-prefill-first
+    needs prefix caching (``SglangScheduler.kv_problem``), so without it the order is fcfs."""
+    if kind == "paged" and cfg.schedule_policy == "shortest-prefill-first":
+        return attrs_evolve(cfg, schedule_policy="fcfs")
+    return cfg
+
+
 def whole_pages(cfg: SglangConfig, page: int) -> SglangConfig:
     """``cfg`` with its chunk a whole number of ``page``-token pages, rounded up (SGLang refuses
     another: ``SglangScheduler.kv_problem``)."""
@@ -802,7 +834,7 @@ KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCac
 def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, cost, kind):
     """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache,
     priorities with preemption."""
-    cfg = whole_pages(cfg, block_size)
+    cfg = cacheable(whole_pages(cfg, block_size), kind)
     blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1 for r in requests) + spare
     runs = {}
     for engine in ENGINES:
@@ -817,7 +849,7 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 @given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
        sglang_configs(), st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
-    cfg = whole_pages(cfg, block_size)
+    cfg = cacheable(whole_pages(cfg, block_size), kind)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
     blocks = sglang_pool(requests, block_size, spare, prefix_cache=kind != "paged")
     budget = max(cfg.chunked_prefill_size, cfg.max_running_requests) if cfg.chunked_prefill_size else None

@@ -187,8 +187,8 @@ Simplifications (each deliberate):
   in a pass, every later admission of the pass needs a preemption too, as SGLang's flag stays set.
   ``retraction_policy = "priority"`` retracts the least important first. Not with
   ``enable_mixed_chunk`` (refused).
-* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, LoRA batching, grammar queues
-  and speculative decoding are not modelled (overlap scheduling is refused with speculation,
+* Policies ``random`` and ``routing-key``, LoRA batching, grammar queues and speculative
+  decoding are not modelled (overlap scheduling is refused with speculation,
   pipeline parallelism and disaggregation: ``"auto"`` turns it off). SGLang's ``--dp`` without
   ``--enable-dp-attention`` is independent replicas: ``[cluster] instances`` with ``router =
   {kind = "round_robin"}``, not ``data_parallel``.
@@ -201,7 +201,9 @@ from typing import ClassVar
 import attrs
 
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
-from schedlab.errors import ConfigError, SimulationError
+import warnings
+
+from schedlab.errors import ConfigError, InputWarning, SimulationError
 from schedlab.kv_window import sequence_blocks
 from schedlab.parallelism import SINGLE, Parallelism
 
@@ -233,7 +235,8 @@ class SglangConfig:
                                           "need a prefix cache)")
     ignore_eos: str = str_field("no_max_tokens", choices=IGNORE_EOS,
                                 help="which requests ignore EOS, so that admission counts their remaining tokens at "
-                                     "ratio 1.0: those without max_tokens, all, or none (SGLang before 0.5)")
+                                     "ratio 1.0: those without max_tokens, all (each then runs to its max_tokens: "
+                                     "give outputs equal to it), or none (SGLang before 0.5)")
     schedule_conservativeness: float = float_field(1.0, min=0.0, help="scales the initial new_token_ratio")
     init_new_token_ratio: float = float_field(0.7, min=0.0, help="SGLANG_INIT_NEW_TOKEN_RATIO")
     min_new_token_ratio_factor: float = float_field(0.14, min=0.0, help="the ratio's floor as a share of the initial ratio")
@@ -245,7 +248,7 @@ class SglangConfig:
                                                           "the cache frees after a retraction; the ratio's estimate")
     num_reserved_decode_tokens: int = int_field(
         512, min=0, help="disaggregated decode: tokens kept free per running or incoming request when pulling a "
-                         "request's KV (SGLANG_NUM_RESERVED_DECODE_TOKENS)")
+                         "request's KV (--num-reserved-decode-tokens)")
     overlap_schedule: bool | str = attrs.field(default="auto", validator=_overlap_schedule, metadata={"help": (
         "SGLang's overlap scheduler (on unless --disable-overlap-schedule): each batch is planned while the one "
         "before it runs, with that batch's tokens not yet counted; arrivals wait a batch more and finished "
@@ -504,6 +507,7 @@ class SglangScheduler:
         self._prefill_only = False      # the pass formed a prefill batch the decodes sit out
         #: requests ignoring EOS whose max_tokens :meth:`limit_request` cut (they still ignore it)
         self._cut_ignoring_eos: set = set()
+        self._said_eos_before_max = False  # (ignore_eos = "all" beside an output short of its max_tokens)
         self._preempted_now: list = []  # preempted by priority in this pass, in SGLang's order
         #: SGLang's ``processed_tokens_counter`` (``hrrn``): each batch launched adds its
         #: ``extend_num_tokens`` -- a prefill batch its prompt tokens, a decode batch what the
@@ -543,9 +547,10 @@ class SglangScheduler:
     def setting_notes(self, kv) -> list[str]:
         """Settings the run's cache makes moot (said once, as a warning): a cache-aware order
         without a prefix cache runs first come first served, as SGLang's
-        ``_validate_and_adjust_policy`` turns it without its radix tree."""
+        ``_validate_and_adjust_policy`` turns it without its radix tree (but
+        ``shortest-prefill-first``, which it refuses: :meth:`kv_problem`)."""
         policy = self.config.schedule_policy
-        if policy in CACHE_AWARE and not getattr(kv, "prefix_caching", False):
+        if policy in CACHE_AWARE and policy != "shortest-prefill-first" and not getattr(kv, "prefix_caching", False):
             return [f"schedule_policy = {policy!r} orders by cached prefixes, and the KV cache ({type(kv).__name__}) "
                     "caches none: the queue is first come first served (kind = \"radix\", or prefix_caching = "
                     "true, for SGLang's tree)"]
@@ -555,8 +560,14 @@ class SglangScheduler:
         """A chunk that is not whole pages: SGLang refuses to start with one
         (``arg_groups/validation_hook.py``), as it cuts each chunk to whole pages
         (``PrefillAdder.add_one_req``). At start-up SGLang also sizes its request slots from the
-        pool: so does this (:func:`max_running_requests`; else the first plan does)."""
+        pool: so does this (:func:`max_running_requests`; else the first plan does). And
+        ``shortest-prefill-first`` without prefix caching, which SGLang refuses too."""
         self._size_slots(kv)
+        if self.config.schedule_policy == "shortest-prefill-first" and not getattr(kv, "prefix_caching", False):
+            return ("schedule_policy = 'shortest-prefill-first' needs prefix caching, which SGLang refuses to start "
+                    "without (\"Experimental shortest-prefill-first requires prefix caching\", "
+                    "SchedulePolicy._validate_and_adjust_policy); use the radix cache ([kv_cache] kind = \"radix\", "
+                    "or prefix_caching = true) or another policy")
         chunk, page = self.config.chunked_prefill_size, kv.block_size
         if chunk % page:
             rank = f" (a rank's: the value divided by data_parallel = {self.ranks})" if self.ranks > 1 else ""
@@ -576,6 +587,14 @@ class SglangScheduler:
         manager rejects (prompt + ``max_tokens`` beyond the context) is left for
         :meth:`rejection_reason`. One that ignores EOS still does once cut (SGLang cuts its
         ``max_new_tokens``, not its ``ignore_eos``)."""
+        if self.config.ignore_eos == "all" and request.output_tokens < request.max_output_tokens \
+                and not self._said_eos_before_max:
+            self._said_eos_before_max = True
+            warnings.warn(f"[scheduler] ignore_eos = \"all\": request {request.id} stops at its EOS after "
+                          f"{request.output_tokens} tokens, before its max_tokens {request.max_output_tokens}, "
+                          "which SGLang's --ignore-eos never does (it generates max_tokens, and admission counts "
+                          "them): give outputs equal to max_tokens, or ignore_eos = \"no_max_tokens\"",
+                          InputWarning, stacklevel=2)
         context, page = self.config.context_length, kv.block_size
         pool = kv.num_blocks * page
         room = pool - -(-request.prompt_tokens // page) * page - page - 1
