@@ -395,7 +395,10 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
                     raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
         return False
     inst = min(behind, key=lambda i: (i.now, i.index))
-    bound = min([t] + [o.now for o in instances if o is not inst and o.has_work()])
+    # (a unit listed before it keeps its events at its own clock: at one time they go in list order, as
+    # the reference engine orders iterations that start together -- an exact tie of two landings)
+    bound = min([t] + [_releases_from(o) if o.index > inst.index else math.nextafter(_releases_from(o), -INF)
+                       for o in instances if o is not inst and o.has_work()])
     if inst.now == t:  # its batch landing at t (the others are at t or later)
         bound = t
     elif bound <= inst.now:  # its next iteration starts no later than anyone's: always safe to run
@@ -405,6 +408,15 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
     if workload is not None:
         _release(inst, arrivals)
     return True
+
+
+def _releases_from(unit) -> float:
+    """The earliest a busy unit may release a closed loop's next request: its clock -- or, when it
+    planned nothing and waits (a batching window's wake-up, ``waits_until``) with no request
+    since, that time. Without the wait, two units holding requests behind a window at one clock
+    let each other on by one ulp a call, for ever."""
+    waits = getattr(unit, "waits_until", None)
+    return waits if waits is not None and waits > unit.now else unit.now
 
 
 def route(router, request, instances: Sequence) -> int:

@@ -204,6 +204,10 @@ class Deployment:
     #: autoscaled, draining with a drain timeout (:mod:`schedlab.engine.drain`): every rank aborts
     #: what it holds at the ranks' first step at or after this time (inf: none)
     drain_at = INF
+    #: its ranks planned nothing and will not step before this time unless a request arrives (a
+    #: batching window's wake-up): the closed-loop driver may run other units up to it (None: not
+    #: known to be waiting)
+    waits_until = None
 
     def _init_deployment(self, index: int, sync: tuple[int, bool] = EVERY_STEP) -> None:
         self.index = index
@@ -338,6 +342,7 @@ class DataParallelCluster(Deployment):
     # -- arrivals ------------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Instance:
         """Route ``request`` to a rank (seeing every rank as it is at its arrival)."""
+        self.waits_until = None
         if self.router is not None:
             self._clock.now = request.arrival_ms
             target = self.ranks[route(self.router, request, self._views)]
@@ -356,6 +361,7 @@ class DataParallelCluster(Deployment):
         rank has work), ``"finished"`` (after a step in which requests finished, with
         ``stop_on_finish``) or ``"blocked"`` (work is left, nothing is planned, no wake-up)."""
         empty = 0
+        self.waits_until = None
         while self.now < until:
             self._drain_due()
             for inst in self.ranks:  # each engine core reads its aborts before it plans
@@ -381,9 +387,12 @@ class DataParallelCluster(Deployment):
                 wake = min((p.wake for p in plans if p.wake is not None), default=INF)
                 if any(p.preempted for p in plans) or wake <= self.now:
                     continue  # plan again at once
-                target = min(wake, until, self.next_abort(), self.drain_at)  # an abort may free what a rank waits for
+                quiet = min(wake, self.next_abort(), self.drain_at)  # an abort may free what a rank waits for
+                target = min(quiet, until)
                 if target == INF:
                     return "blocked"
+                if until < quiet:  # (the closed-loop driver may run the others up to then: waits_until)
+                    self.waits_until = quiet
                 self._move_to(target)
                 continue
             empty = 0

@@ -114,6 +114,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.last_landing = -INF
         self._blocked = False      # planned nothing, with no wake-up: waits for an arrival
         self._quiet = None         # it ran out of work then (None: it has work, or got a request since)
+        self.waits_until = None    # planned nothing, nothing in flight: no launch before this unless a request comes
         self.drain_at = INF        # autoscaled, draining: it aborts what it holds at its first launch from then
         if inst.meter is not None and not callable(getattr(inst.meter, "launch", None)):
             raise TypeError("a pipelined instance is metered stage by stage: its meter must be a PipelineMeter")
@@ -135,7 +136,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
 
     # -- what the driver calls (what it and the routers read comes from instance_view) ---------------
     def arrive(self, request, seq_no: int):
-        self._quiet = None
+        self._quiet = self.waits_until = None
         return self.inst.arrive(request, seq_no)
 
     @property
@@ -208,6 +209,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         (work is left, but the scheduler plans nothing and has no wake-up time)."""
         inst = self.inst
         empty = 0
+        self.waits_until = None
         while True:
             if not self.to_plan:
                 if self.now > until:
@@ -265,16 +267,16 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             if empty > 1000:
                 raise StallError(inst._stall_message("the scheduler keeps planning empty iterations"))
             wake = plan.wake if plan.wake is not None else INF
-            target = until if until < wake else wake
             abort = inst.next_abort() if inst.aborts else INF
-            if abort < target:  # an abort wakes it (as an arrival would): it may free what the plan waits for
-                target = abort
-            if self.drain_at < target:  # and its drain timeout
-                target = self.drain_at
+            # an abort wakes it (as an arrival would): it may free what the plan waits for; and its drain timeout
+            quiet = min(wake, abort, self.drain_at)
+            target = until if until < quiet else quiet
             if plan.preempted or target <= self.now:
                 continue
             if target == INF:
                 return "blocked"
+            if until < quiet:  # (the closed-loop driver may run the others up to then)
+                self.waits_until = quiet
             inst._hold_blocks(target)
             inst.now = self.now = target
 
