@@ -590,6 +590,10 @@ def test_shortest_prefill_first_takes_the_fewest_tokens_to_prefill_with_a_prefix
     sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="shortest-prefill-first"))
     assert "'shortest-prefill-first' needs prefix caching" in sched.kv_problem(PagedKVCache(200, 1))
     assert sched.setting_notes(PagedKVCache(200, 1)) == []  # (refused, not noted as run first come first served)
+    dfs = SglangScheduler(_sync(schedule_policy="dfs-weight"))  # (crashed: PrefixKVCache has no tree to walk)
+    assert "'dfs-weight' walks SGLang's radix tree, which the KV cache (PrefixKVCache)" in dfs.kv_problem(
+        PrefixKVCache(200, 1))
+    assert dfs.kv_problem(RadixKVCache(200, 1)) is None and dfs.kv_problem(PagedKVCache(200, 1)) is None
     fcfs_like = SglangScheduler(_sync(max_running_requests=1, schedule_policy="lpm"))
     assert fcfs_like.kv_problem(PagedKVCache(200, 1)) is None and fcfs_like.setting_notes(PagedKVCache(200, 1))
 

@@ -561,13 +561,19 @@ class SglangScheduler:
         (``arg_groups/validation_hook.py``), as it cuts each chunk to whole pages
         (``PrefillAdder.add_one_req``). At start-up SGLang also sizes its request slots from the
         pool: so does this (:func:`max_running_requests`; else the first plan does). And
-        ``shortest-prefill-first`` without prefix caching, which SGLang refuses too."""
+        ``shortest-prefill-first`` without prefix caching, which SGLang refuses too, and
+        ``dfs-weight`` over a prefix cache that is not a radix tree (it walks the tree's nodes)."""
         self._size_slots(kv)
         if self.config.schedule_policy == "shortest-prefill-first" and not getattr(kv, "prefix_caching", False):
             return ("schedule_policy = 'shortest-prefill-first' needs prefix caching, which SGLang refuses to start "
                     "without (\"Experimental shortest-prefill-first requires prefix caching\", "
                     "SchedulePolicy._validate_and_adjust_policy); use the radix cache ([kv_cache] kind = \"radix\", "
                     "or prefix_caching = true) or another policy")
+        if self.config.schedule_policy == "dfs-weight" and getattr(kv, "prefix_caching", False) \
+                and not callable(getattr(kv, "dfs_weight_order", None)):
+            return (f"schedule_policy = 'dfs-weight' walks SGLang's radix tree, which the KV cache "
+                    f"({type(kv).__name__}) has not got: use [kv_cache] kind = \"radix\", or another policy (lpm "
+                    "orders by the longest cached prefix on any prefix cache)")
         chunk, page = self.config.chunked_prefill_size, kv.block_size
         if chunk % page:
             rank = f" (a rank's: the value divided by data_parallel = {self.ranks})" if self.ranks > 1 else ""
