@@ -14,7 +14,8 @@ import pytest
 
 from schedlab.model import Request
 from schedlab.protocols import Batch
-from schedlab.testing import check_run, run_engine
+from schedlab.study.experiment import load, run_experiment
+from schedlab.testing import check_run, compare_runs, run_engine
 from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.cost_models.step_overhead import StepTiming
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
@@ -291,3 +292,45 @@ def test_tgi_segments_without_max_new_tokens_reserve_a_whole_segment_each():
     assert metric(default, "preemptions.recomputed_tokens") > metric(seg, "preemptions.recomputed_tokens")
     assert metric(default, "kv_usage.mean") > metric(seg, "kv_usage.mean")
     assert metric(default, "requeues") == metric(seg, "requeues")
+
+
+TGI_SEGMENTS = """
+[experiment]
+reports = []
+engine = "{engine}"
+[workload]
+kind = "inline"
+requests = [{{prompt_tokens = 100, output_tokens = 60, max_tokens = 60}}]
+[cost_model]
+kind = "linear"
+[scheduler]
+kind = "tgi"
+max_input_tokens = 4000
+max_total_tokens = 8000
+generation_segment = 16
+[kv_cache]
+kind = "paged"
+num_blocks = 2000
+"""
+NGRAM = '[speculative]\nmethod = "ngram"\nnum_speculative_tokens = {k}\nacceptance_rate = 0.7\n'
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_speculative_step_stops_at_the_answer_segments_end(tmp_path, k):
+    """A 60-token answer in segments of 16 is requeued at 16, 32 and 48 tokens: its prompt is
+    prefilled 1 + 3 times. With speculation a step that accepted drafts jumped over the boundary
+    (15 -> 17): never requeued (1 prefill, nothing recomputed), and under memory pressure it decoded
+    past its reservation until the run stalled. TGI keeps a step's tokens up to its stopping
+    criterion and drops the rest (flash_causal_lm.generate_token): the step ends at the segment."""
+    runs = {}
+    for engine, extra in (("fast", NGRAM.format(k=k)), ("reference", NGRAM.format(k=k)), ("plain", "")):
+        path = tmp_path / f"{engine}.toml"
+        path.write_text(TGI_SEGMENTS.format(engine="fast" if engine == "plain" else engine) + extra)
+        runs[engine] = run_experiment(load(path)).all_runs()[0]
+    for engine in ("fast", "reference", "plain"):
+        requests = runs[engine].requests
+        assert int(requests["generated_tokens"][0]) == 60
+        assert int(requests["prefill_chunks"][0]) == 4, engine
+        assert int(requests["recomputed_tokens"][0]) == int(runs["plain"].requests["recomputed_tokens"][0]) > 0
+    assert runs["fast"].metrics["speculative"]["accepted_tokens"] > 0  # (drafts accepted: steps gave > 1 token)
+    compare_runs(runs["fast"], runs["reference"], rel=1e-12)

@@ -1633,6 +1633,7 @@ class Instance:
         counters = self.counters
         k, default_slots, override = plan.spec_k, plan.spec_slots, plan.spec_override
         track_range = self.track_range
+        segment = self.answer_segment
         drafted = drafts_total = accepted_total = extra_total = 0
         done = []
         for seq in self.running:
@@ -1667,6 +1668,10 @@ class Instance:
                 extra = seq.target - generated
                 if m < extra:
                     extra = m
+                if segment:  # not past the answer segment's end (TGI drops the accepted tokens after it)
+                    left = segment - generated % segment if generated % segment else 0
+                    if left < extra:
+                        extra = left
                 if extra:  # run ahead of the decode clock: re-anchor (the finish heap is not asked)
                     seq.anchor = anchor + extra
                     seq.gen_anchor += extra

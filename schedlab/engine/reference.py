@@ -1114,11 +1114,16 @@ class ReferenceEngine:
                 counters["decode_seq_steps"] += 1
                 continue
             # Speculation: the drafts accepted up to the first rejected one, plus the target's
-            # own token, but no more than the request still has to generate. A decode that samples
-            # its request's first token (a decode instance's, engine.transfer) verifies placeholders.
+            # own token, but no more than the request still has to generate -- nor, answered a
+            # segment at a time (TGI's generation_segment), past the segment's end: TGI keeps the
+            # tokens up to its stopping criterion and drops the rest (flash_causal_lm.generate_token).
+            # A decode that samples its request's first token (a decode instance's,
+            # engine.transfer) verifies placeholders.
             first = not s.num_generated
             accepted = self.spec.accepted(s, s.num_generated, d) if d and not first else 0
             tokens = min(1 + accepted, s.request.target_tokens - s.num_generated)
+            if self.answer_segment:
+                tokens = min(tokens, self.answer_segment - s.num_generated % self.answer_segment)
             if d:
                 counters["spec_drafts"] += 1
                 counters["spec_draft_tokens"] += d
