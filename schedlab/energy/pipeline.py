@@ -14,10 +14,12 @@ points at the stage (and at the batch's clock) before it asks (the cost model's
 
 **Requests.** A batch's slices are metered when it launches (its stage times are known then);
 its energy -- its slices' -- is shared out to its tokens when it lands, as a colocated
-iteration's is (:func:`.meter.token_shares`): the tokens of requests aborted while it was in
-flight drop out, and a batch left with none (or of swaps only) gives its energy to nobody; the
-prompt chunks of requests preempted while it was in flight (their prompts start over,
-:mod:`schedlab.engine.stages`) keep their shares, as recomputed tokens do. Planning ahead, a
+iteration's is (:func:`.meter.token_shares`): the prompt chunks of requests preempted while it
+was in flight (their prompts start over, :mod:`schedlab.engine.stages`) keep their shares, as
+recomputed tokens do, and the tokens of requests aborted while it was in flight take theirs
+counted apart, ``discarded_j`` (their rows are written; a batch that lost every request gave its
+energy to nobody, and the shares fell short of ``busy_j``); a batch of swaps only gives its energy
+to nobody. Planning ahead, a
 decode of a request a batch before it finished takes a decode's share, counted apart as
 ``discarded_j`` (its token thrown away, as a colocated overshoot's, :mod:`.meter`).
 

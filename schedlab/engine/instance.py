@@ -1416,8 +1416,11 @@ class Instance:
                     meter.discarded_j += per_token * n
                 else:
                     seq.energy_j += per_token * n
-            for seq, n in dropped:  # a pipeline's chunks of prompts preempted since their launch
-                seq.energy_j += per_token * n
+            for seq, n in dropped:  # a pipeline's work for requests preempted or aborted since its launch
+                if seq.status == ABORTED:  # (its row is written)
+                    meter.discarded_j += per_token * n
+                else:
+                    seq.energy_j += per_token * n
         n_running = len(self.running)
         running_ids = tuple(s.request.id for s in self.running) if self.observer is not None else ()
 

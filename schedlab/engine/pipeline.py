@@ -501,10 +501,12 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         gone = set()
         stamps, members = flight.stamps, flight.members
         overshoots = []
+        aborted = []
         for seq in flight.decoders:
             if seq.status == ABORTED:
                 lost += members[seq]
                 gone.add(seq)
+                aborted.append((seq, members[seq]))  # (computed all the same: its share is counted apart)
             elif seq.status == FINISHED:  # planning ahead: finished by a batch before, its token thrown away
                 overshoots.append(seq)
                 gone.add(seq)
@@ -530,7 +532,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             flight.plan.overshoots = tuple(overshoots)
         if gone:
             # a bumped decode's energy stays its request's, as a dropped chunk's does
-            dropped += [(b.seq, members[b.seq]) for b in bumped if b.decode]
+            dropped += [(b.seq, members[b.seq]) for b in bumped if b.decode] + aborted
             flight.decoders = [s for s in flight.decoders if s not in gone]
             if flight.plan.spec_override:
                 flight.plan.spec_override = {s: d for s, d in flight.plan.spec_override.items() if s not in gone}

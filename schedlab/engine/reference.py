@@ -1080,7 +1080,7 @@ class ReferenceEngine:
             if plan.overshoots:  # (their rows are written already: no request shares them)
                 self.meter.discarded_j += per_decoder * len(plan.overshoots)
             padded = plan.padded
-            for i, (s, n) in enumerate(plan.prefills + plan.dropped):  # dropped: preempted since the launch
+            for i, (s, n) in enumerate(plan.prefills + plan.dropped):  # dropped: preempted or aborted since
                 if padded and i < len(plan.prefills):  # (an admission's placeholder drafts are its own work)
                     n += padded.get(s, 0)
                 if s.status == "aborted":  # (aborted after a plan made ahead: its row is written)

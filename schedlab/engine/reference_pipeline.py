@@ -311,6 +311,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e.holds.landed(s for s, _, _ in flown)
         e.holds.landed(s for s, _ in chunks)
         gone = {s for s, _, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
+        aborted = [(s, 1 + plan.drafts[s][0]) for s, _, _ in flown if s in gone]  # (its share: counted apart)
         # planning ahead: finished by a batch before it, decoded once more, the token thrown away
         plan.overshoots = [s for s, _, _ in flown if s.status == "finished"]
         plan.overshoot_drafts = {s: plan.drafts[s][0] for s in plan.overshoots if plan.drafts[s][0]}
@@ -323,7 +324,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
                 + sum(c.tokens for s, c in chunks if stale(s, c)))           # a prompt chunk's
         gone.update(plan.overshoots)  # (computed: their tokens count in the batch's)
         plan.prefills = [(s, c.tokens) for s, c in live]
-        plan.dropped = dropped_chunks(chunks) + [(b.seq, 1 + b.drafts) for b in bumped]
+        plan.dropped = dropped_chunks(chunks) + [(b.seq, 1 + b.drafts) for b in bumped] + aborted
         bumped += bumped_chunks(chunks)
         flown = [(s, status) for s, status, _ in flown if s not in gone]
         for s, _ in flown:

@@ -450,9 +450,10 @@ class Holds:
 
 
 def dropped_chunks(chunks) -> list:
-    """``(sequence, tokens)`` of the ``chunks`` whose sequences were preempted (not aborted) since
-    the launch: computed in vain, their energy is still their requests' (``token_shares``)."""
-    return [(seq, chunk.tokens) for seq, chunk in chunks if seq.status != "aborted" and stale(seq, chunk)]
+    """``(sequence, tokens)`` of the ``chunks`` whose sequences were preempted or aborted since
+    the launch: computed in vain, they take their share of the batch's energy (``token_shares``)
+    -- a preempted request's, an aborted one's counted apart (``discarded_j``: its row is written)."""
+    return [(seq, chunk.tokens) for seq, chunk in chunks if stale(seq, chunk)]
 
 
 def rewind(chunks) -> list:
