@@ -270,7 +270,8 @@ class Instance:
         # for a colocated instance.
         self.stage = None
         self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
-        self.empty_plans = 0         # plans in a row that scheduled nothing (a stall past 1,000)
+        self.empty_plans = 0         # plans in a row that scheduled nothing, nothing arriving or aborted
+        #                              between them: a stall past 1,000 (a scheduler that wakes itself for ever)
         self.sleep_wake = INF
         self.release = Release()     # what the last iteration gives back at its end (routers' view)
         self.meter = meter           # a schedlab.energy.EnergyMeter with [power]; None costs nothing
@@ -310,6 +311,7 @@ class Instance:
     def arrive(self, request, seq_no: int) -> Sequence | None:
         """Queue ``request`` (which has arrived by now), or reject it if it can never be served,
         or abort it if its client has already given up."""
+        self.empty_plans = 0  # (a stall is empty plans with nothing new: not the wake-ups arrivals cause)
         if self.limit_request is not None:
             request = self.limit_request(request, self.kv)
         seq = Sequence(request, seq_no, self.clock)
@@ -519,6 +521,7 @@ class Instance:
         """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""
         seq.status = ABORTED
         self.ended += 1
+        self.empty_plans = 0
         if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
             seq.request = seq.transfer.request
         if seq.server_abort and not seq.drained:  # the scheduler's running time limit: turned away, its client answered

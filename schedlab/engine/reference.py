@@ -680,6 +680,7 @@ class ReferenceEngine:
 
     def arrive(self, request, seq_no: int, reason: str | None = None) -> RefSequence | None:
         """Queue an arrived ``request``, or reject it (with ``reason``, or when it can never fit)."""
+        self.empty_plans = 0  # (a stall is empty plans with nothing new: not the wake-ups arrivals cause)
         if self.limit_request is not None:
             request = self.limit_request(request, self.kv)
         seq = RefSequence(request, seq_no)
@@ -985,6 +986,7 @@ class ReferenceEngine:
         """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""
         seq.status = "aborted"
         self.ended += 1
+        self.empty_plans = 0
         if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
             seq.request = seq.transfer.request
         for a, b in zip(seq.token_times, seq.token_times[1:]):
