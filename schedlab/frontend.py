@@ -81,7 +81,7 @@ import statistics
 
 import attrs
 
-from .configs import MAX_TIME_MS, FieldError, float_field, int_field, table_field
+from .configs import MAX_TIME_MS, MAX_TOKENS, FieldError, float_field, int_field, table_field
 
 INF = math.inf
 
@@ -107,7 +107,7 @@ class FrontendConfig:
     request_ms: float = float_field(REQUEST_MS, min=0.0, max=MAX_TIME_MS,
                                     help="handling every request before the engine queue (HTTP, JSON, chat template, "
                                          "hand-over to the engine), ms")
-    tokenize_ms_per_token: float = float_field(TOKENIZE_MS_PER_TOKEN, min=0.0,
+    tokenize_ms_per_token: float = float_field(TOKENIZE_MS_PER_TOKEN, min=0.0, max=MAX_TIME_MS / MAX_TOKENS,
                                                help="tokenizing the prompt, ms per prompt token")
     token_ms: float = float_field(TOKEN_MS, min=0.0, max=MAX_TIME_MS,
                                   help="the way out: from the iteration that produced a token to its streamed event "

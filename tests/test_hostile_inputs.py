@@ -69,6 +69,11 @@ FILE_CASES = {
     "experiment is an array of tables": (BASE.replace("[experiment]", "[[experiment]]"),
                                          ["experiment must be one table", "array"]),
     "a run named by a number": (BASE + "[[runs]]\nname = 5\n", ["[[runs]] number 1: name must be non-empty text"]),
+    # a list or a table was looked up as a --set target first: TypeError, unhashable (fuzz review s78)
+    "a run named by a list": (BASE + '[[runs]]\nname = ["static"]\n',
+                              ["[[runs]] number 1: name must be non-empty text, got ['static']"]),
+    "a run named by a table": (BASE + '[[runs]]\nname = "a"\n[[runs]]\nname = {a = 1}\n',
+                               ["[[runs]] number 2: name must be non-empty text, got {'a': 1}"]),
     "swap space without model and gpu": (BASE + '[kv_cache]\nkind = "paged"\nswap_space_gib = 4\n',
                                          ["[kv_cache]: swap_space_gib: needs bytes_per_block"]),
     "block size 10**9": (BASE + '[kv_cache]\nkind = "paged"\nblock_size = 1000000000\n',
@@ -153,6 +158,8 @@ FILE_CASES = {
                                         ["[cluster]: partitions: 5 parts of a single instance: it has nothing to split"]),
     "a front end's handling past the clock": (BASE + "[frontend]\nrequest_ms = 1e13\n",
                                               ["[frontend]: request_ms: must be <= 1000000000000.0"]),
+    "a tokenizer of 1e10 ms a token": (BASE + "[frontend]\ntokenize_ms_per_token = 1e10\n",
+                                       ["[frontend]: tokenize_ms_per_token: must be <= 10000.0"]),
     "a closed loop's pause past the clock": (
         BASE.replace('kind = "synthetic"\nnum_requests = 20', 'kind = "closed_loop"\nclients = 2\nnum_requests = 20')
         .replace('arrival = "poisson"\nrate = 10\n', "think_ms = 1e13\n"),
@@ -180,6 +187,11 @@ RUN_CASES = {
                                 ["the simulated clock would pass 1e+12 ms"]),
     "prefill of 1e300 ms per token": (BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e300\n',
                                       ["the simulated clock would pass 1e+12 ms"]),
+    # each bound alone is kept, their sum is not: named as the front end's, not as "request 0: arrival_ms"
+    "a front end's handling that ends past the clock": (
+        BASE + "[frontend]\nrequest_ms = 1e12\ntokenize_ms_per_token = 1\n",
+        ["run 'hostile'", "[frontend]: a request of 100 prompt tokens is handled for 1e+12 ms",
+         "past the clock's end"]),
     "decode step of 1e306 ms, reference engine": (
         BASE.replace('name = "hostile"', 'name = "hostile"\nengine = "reference"')
         + '[cost_model]\nkind = "linear"\ndecode_ms_per_step = 1e306\n', ["the simulated clock would pass"]),

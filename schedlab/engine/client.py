@@ -25,6 +25,8 @@ from typing import Iterable
 
 import attrs
 
+from ..configs import MAX_TIME_MS
+from ..errors import ConfigError
 from ..frontend import ClientSide, give_up_ms
 from ..model import FollowUps
 
@@ -48,10 +50,13 @@ class ApiServer:
         """When the engine receives a request received at ``received_ms`` (call in reception order)."""
         handling = self.config.handling_ms(prompt_tokens)
         free = self._free
-        if free is None:
-            return received_ms + handling
-        start = received_ms if received_ms > free[0] else free[0]
-        heapq.heapreplace(free, start + handling)
+        start = received_ms if free is None or received_ms > free[0] else free[0]
+        if not start + handling <= MAX_TIME_MS:  # (named here: the request's arrival_ms check names no table)
+            raise ConfigError(f"[frontend]: a request of {prompt_tokens:,} prompt tokens is handled for {handling:g} ms "
+                              f"(request_ms + tokenize_ms_per_token x its prompt), which takes it past the clock's "
+                              f"end ({MAX_TIME_MS:g} ms, about 31.7 years): are these milliseconds?")
+        if free is not None:
+            heapq.heapreplace(free, start + handling)
         return start + handling
 
 

@@ -347,6 +347,10 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         raise ConfigError(f"{source}: runs must be an array of tables ([[runs]])")
     if not entries:
         entries = [{}]
+    for i, entry in enumerate(entries):  # (before a name is looked up: a list or table is no key)
+        if "name" in entry and not (isinstance(entry["name"], str) and entry["name"]):
+            raise ConfigError(f"{source}: [[runs]] number {i + 1}: name must be non-empty text, "
+                              f"got {entry['name']!r}")
     studies = []
     names: set[str] = set()
     counts: dict[str, int] = {}  # simulations per run, so far, and their total
@@ -367,9 +371,6 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     targeted = {name: [o for o in sets if not _study_kind(o)] for name, sets in targeted.items()}
     top_studies, own_studies = _study_tables(raw, entries, study_every, source)
     for i, entry in enumerate(entries):
-        if "name" in entry and not (isinstance(entry["name"], str) and entry["name"]):
-            raise ConfigError(f"{source}: [[runs]] number {i + 1}: name must be non-empty text, "
-                              f"got {entry['name']!r}")
         if entry.get("name"):
             name = entry["name"]
         elif len(entries) == 1:
