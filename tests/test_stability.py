@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from schedlab.cli import main
 from schedlab.results import ExperimentResults, RunResult, Study
-from schedlab.results.stability import admission_times, queue_stability, run_stability, stability_text
+from schedlab.results.stability import admission_times, queue_stability, run_stability, stability_text, _per_min
 from schedlab.results.storage import load as load_results
 from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.reports.plot_cdf import latency_cdf_figure
@@ -367,3 +367,8 @@ def test_plots_mark_overloaded_runs():
     assert list(trend.get_ydata()) == pytest.approx([0.0, 30.0])
     assert "unstable: waiting grows 35 requests/min" in fig._suptitle.get_text()
     assert not any(line.get_gid() == "trend:run" for ax in timeline_figure(calm, 60).axes for line in ax.get_lines())
+
+
+def test_a_growth_past_a_billion_per_minute_is_written_in_scientific_notation():
+    """A rate of 1e300 requests/s printed its queue's growth as a 300-digit number (fuzz review)."""
+    assert [_per_min(v) for v in (2.61, 83.2, 694.0, 29_512.0, 3.04e22)] == ["2.6", "83", "690", "30,000", "3e+22"]

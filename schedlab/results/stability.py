@@ -189,8 +189,11 @@ def queue_stability(arrival_ms: np.ndarray, admitted_ms: np.ndarray, finish_ms: 
 
 
 def _per_min(value: float) -> str:
-    """Two significant digits: 30,000 / 690 / 83 / 2.6."""
+    """Two significant digits: 30,000 / 690 / 83 / 2.6; 3e+22 past a billion (a rate of 1e300 wrote
+    a 300-digit number)."""
     rounded = float(f"{value:.2g}")
+    if abs(rounded) >= 1e9:
+        return f"{rounded:.2g}"
     return f"{rounded:,.0f}" if abs(rounded) >= 10 else f"{rounded:g}"
 
 
