@@ -346,6 +346,12 @@ def saved(tmp_path_factory):
     (lambda text: text.replace('"metrics"', '"metricz"'), ["studies[0].runs[0] has no 'metrics'"]),
     (lambda text: json.dumps({**json.loads(text), "studies": [{**json.loads(text)["studies"][0], "plan": True}]}),
      ["not a schedlab summary.json", "studies[0].plan is true or false, not an object"]),
+    # a summary.json of no studies or no runs drew 0 plots beside the rows, exit 0 (fuzz review s78)
+    (lambda text: json.dumps({**json.loads(text), "studies": []}),
+     ["requests.csv: has rows of run 'static' (and 1 more), which summary.json does not list"]),
+    (lambda text: json.dumps({**json.loads(text), "studies": [{**json.loads(text)["studies"][0], "runs": []}]
+                              + json.loads(text)["studies"][1:]}),
+     ["requests.csv: has rows of run 'static', which summary.json does not list"]),
 ])
 def test_plot_refuses_a_truncated_or_foreign_summary(saved, tmp_path, capsys, damage, fragments):
     folder = tmp_path / "copy"

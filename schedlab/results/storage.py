@@ -521,7 +521,10 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
                                 "file complete, and one schedlab wrote?") from None
         return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
 
+    read: set = set()  # the runs whose rows summary.json lists
+
     def saved_requests(name: str) -> tuple[dict, dict]:
+        read.add(name)
         rrows = by_run.get(name, [])
         req = {c: np.array([_num(r[index[c]], float) for r in rrows], dtype=float) for c in floats}
         req.update({c: np.array([_num(r[index[c]], int) for r in rrows], dtype=np.int64) for c in ints})
@@ -566,6 +569,11 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             plan = SavedPlan.from_json(s["plan"])
         constraint = s.get("constraint") or CONSTRAINT_JOIN.join(s.get("constraints", ()))
         studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, constraint, plan))
+    unlisted = [name for name in by_run if name not in read]
+    if unlisted:  # (a summary.json of no runs drew 0 plots beside 200 rows, and said nothing)
+        raise SchedlabError(f"{out / 'requests.csv'}: has rows of run {unlisted[0]!r}"
+                            f"{f' (and {len(unlisted) - 1} more)' if len(unlisted) > 1 else ''}, which summary.json "
+                            "does not list; are the two files of one run? (run the experiment again to rewrite them)")
     results = ExperimentResults(summary["experiment"], summary.get("source", ""), studies,
                                 {"reports": summary.get("reports", {})})
     short = short_run(results)
