@@ -702,3 +702,21 @@ def test_ordered_and_windowed_continuous_matches_reference(requests, cfg, cost, 
 def test_windowed_static_matches_reference(requests, batch, window, cost, block_size, num_blocks):
     cfg = StaticConfig(batch_size=batch, **window)
     _both_engines(requests, lambda: StaticScheduler(cfg), cost, block_size, num_blocks, 0)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_long_prefill_threshold_chunks_prompts_without_chunked_prefill_too(engine):
+    """vLLM 0.33 caps a request's tokens at ``long_prefill_token_threshold`` before it checks that a
+    prompt fits the budget unchunked, so even with chunked prefill off a long prompt goes in chunks
+    (Scheduler.schedule's waiting loop; vllm_diff review s78). Every iteration 1 ms. R0 (21 tokens,
+    11 out) arrives at 1: first token 2, finished at 12. R1 (116 tokens, 15 out) arrives at 3 beside
+    it: 16-token chunks from 3 to 10 (7 x 16 + 4), first token 11, finished at 11 + 14 = 25 (it was
+    admitted whole: first token 4)."""
+    config = ContinuousConfig(max_num_seqs=5, max_num_batched_tokens=160, chunked_prefill=False,
+                              long_prefill_token_threshold=16)
+    requests = [Request(0, 1.0, 21, 11), Request(1, 3.0, 116, 15)]
+    one_ms = LinearConfig(prefill_ms_per_token=0.0, decode_ms_per_step=0.0, base_ms=1.0)
+    result = run(requests, ContinuousScheduler(config), engine, kv=PagedKVCache(86, 2), cost=one_ms)
+    assert by_id(result, "first_token_ms") == {0: 2.0, 1: 11.0}
+    assert by_id(result, "finish_ms") == {0: 12.0, 1: 25.0}
+    assert by_id(result, "prefill_chunks") == {0: 1, 1: 8}

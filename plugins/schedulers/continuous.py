@@ -883,6 +883,12 @@ class ContinuousScheduler:
         """Tokens of waiting ``seq`` to compute if admitted within ``budget`` (0: it must wait)."""
         c = self.config
         n = seq.num_tokens - hit
+        threshold = self._threshold
+        if threshold and n > threshold and not c.chunked_prefill and not self._v0:
+            # vLLM V1 caps a request's tokens at the threshold before it checks that a prompt fits the
+            # budget unchunked (Scheduler.schedule's waiting loop, 0.33): without chunked prefill a long
+            # prompt still goes in threshold-sized chunks (V0 applied it only when chunking)
+            n = threshold
         if n > budget:
             # A fresh prompt waits for a budget it fits in; a preempted request's recompute
             # (prompt + generated) may exceed any budget, so it is always chunked -- but for V0
@@ -893,7 +899,6 @@ class ContinuousScheduler:
                                           or self._v0_whole and n <= c.max_num_batched_tokens):
                 return 0
             n = budget
-        threshold = self._threshold
         if c.chunked_prefill and threshold and n > threshold:
             n = threshold
         if c.chunked_prefill and self._unit > 1 and n < seq.num_tokens - hit:
