@@ -394,6 +394,27 @@ def test_cli_checks_the_one_sided_settings_against_every_groups_own(capsys):
     assert "refuses it: no batch queue with that" in err and err.count("\n") == 1
 
 
+def test_a_case_a_one_sided_setting_makes_a_side_refuse_is_skipped_not_a_traceback():
+    """``--vllm-set long_prefill_token_threshold=100`` passes the first seed's check, and vLLM
+    refuses a later seed whose max_model_len is 81 (or a shrink candidate): pydantic's ValueError
+    ended the run with a traceback, the table lost. Such a case is now skipped, and said."""
+    class RefusesShortContexts:
+        version = "0.33.0"
+
+        def validate(self, case, sides):
+            if case.settings.max_model_len < 100:
+                raise ValueError("long_prefill_token_threshold (100) cannot be greater than the max_model_len")
+
+    case = generate("budget", 0)
+    short = attrs.evolve(case, settings=attrs.evolve(case.settings, max_model_len=81))
+    one_sided = Differ(ENGINE, RefusesShortContexts(), SchedlabRunner(), Sides({}, {"max_num_seqs": 4}))
+    assert cli._refusal(one_sided, short) == "long_prefill_token_threshold (100) cannot be greater than the " \
+                                             "max_model_len"
+    assert cli._refusal(one_sided, attrs.evolve(case, settings=attrs.evolve(case.settings, max_model_len=200))) \
+        is None
+    assert cli._refusal(Differ(ENGINE, RefusesShortContexts(), SchedlabRunner()), short) is None  # (none one-sided)
+
+
 @pytest.mark.skipif(HAVE_VLLM, reason="vLLM is installed")
 def test_cli_without_vllm_says_how_to_install(capsys):
     assert main(["--seeds", "1"]) == 2

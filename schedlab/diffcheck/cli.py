@@ -138,11 +138,25 @@ def _sides(h: Harness, args) -> Sides:
     return Sides(schedlab, engine)
 
 
+def _refusal(differ: Differ, case: Case) -> str | None:
+    """Why either side refuses ``case`` with the one-sided settings (None: both take it, or there
+    are none): a later seed or a shrink candidate may be one (a ``max_model_len`` below a one-sided
+    ``long_prefill_token_threshold``), which stopped the whole table with a traceback."""
+    if not (differ.sides.schedlab_scheduler or differ.sides.engine):
+        return None
+    try:
+        differ.ours.build(case, differ.sides)
+        differ.theirs.validate(case, differ.sides)
+    except (SchedlabError, TypeError, ValueError) as exc:
+        return " ".join(str(exc).split())[:200]
+    return None
+
+
 def _shrunk(differ: Differ, comparison: Comparison, max_evaluations: int) -> Comparison:
     wanted = comparison.fields
 
     def same_difference(case: Case) -> bool:
-        return wanted <= differ.compare(case).fields
+        return _refusal(differ, case) is None and wanted <= differ.compare(case).fields
 
     return differ.compare(shrink(comparison.case, same_difference, max_evaluations=max_evaluations))
 
@@ -184,13 +198,22 @@ def _main(h: Harness, args) -> int:
     for group in groups:  # a group's own settings may be what the engine refuses with the sides
         _check_sides(h, differ, h.generate(group, seeds.start))
     by_group: dict[str, list[Comparison]] = {}
+    skipped: dict[str, list[str]] = {}  # group -> why each case a one-sided setting makes a side refuse
     with progress(len(groups) * len(seeds), "cases") as bar:
         for group in groups:
             by_group[group] = []
             for seed in seeds:
-                by_group[group].append(differ.compare(h.generate(group, seed)))
+                case = h.generate(group, seed)
+                why = _refusal(differ, case)
+                if why is None:
+                    by_group[group].append(differ.compare(case))
+                else:
+                    skipped.setdefault(group, []).append(f"seed {seed}: {why}")
                 bar.update()
     print(agreement_table(h.engine, by_group))
+    for group, reasons in skipped.items():
+        print(f"{group}: {len(reasons)} case(s) skipped, refused with the one-sided settings (the first: "
+              f"{reasons[0]})")
     if args.json:
         write_json(h.engine, args.json, by_group)
     shown = set()
