@@ -58,7 +58,8 @@ class PoolScaling:
         self.ttft_met = ttft_met
         self.output_delay_ms = output_delay_ms
         self.gpus = gpus or {name: [1] * len(self.instances[name]) for name in POOLS}
-        self.entered = 0        # requests routed to the prefill pool
+        self.entered = 0
+        self.last_arrival = 0.0  # (the cluster's end is no earlier: one turned away at once moves no clock)        # requests routed to the prefill pool
         self.routed = 0         # hand-offs routed to the decode pool
         self.ended = 0          # requests that ended on the prefill side by the time last asked
         self._ended: list = []  # (time) of those ended there, not yet counted
@@ -68,6 +69,8 @@ class PoolScaling:
     def arrived(self, t: float) -> None:
         """A request was routed to the prefill pool at ``t``."""
         self.entered += 1
+        if t > self.last_arrival:
+            self.last_arrival = t
         if self.prefill is not None:
             self.prefill.arrived(t)
 
@@ -131,11 +134,13 @@ class PoolScaling:
 
     # -- results -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
-        """Close every pool's paid intervals at the cluster's end (its last clock) and summarise:
+        """Close every pool's paid intervals at the cluster's end (its last clock, or its last
+        arrival if later: the fast engine's clocks do not move for a request turned away on
+        arrival, the reference's do, and the colocated autoscaler counts it) and summarise:
         per pool what a colocated autoscaler reports (intervals with the run's instance indices,
         history, GPU-hours, scale-ups and -downs; a fixed pool on from 0 to the end), and the
         totals, with the history of both pools summed."""
-        end = max((inst.now for name in POOLS for inst in self.instances[name]), default=0.0)
+        end = max([inst.now for name in POOLS for inst in self.instances[name]] + [self.last_arrival])
         pools = {}
         for name in POOLS:
             ctl, mine = getattr(self, name), self.instances[name]
