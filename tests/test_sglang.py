@@ -713,7 +713,9 @@ def test_queue_limit_is_refused_where_it_is_not_modelled(tmp_path, extra, why):
 
 
 @st.composite
-def sglang_configs(draw):
+def sglang_configs(draw, spf: bool = False):
+    """SGLang settings; with ``spf``, shortest-prefill-first among the orders too -- which needs a
+    prefix cache (``cacheable``): the other files' properties draw caches without one."""
     chunk = draw(st.sampled_from([0, 8, 16, 40]))
     mixed = bool(chunk) and draw(st.booleans())
     priorities = draw(st.booleans())
@@ -727,7 +729,7 @@ def sglang_configs(draw):
         priority_scheduling_preemption_threshold=draw(st.sampled_from([0, 1, 10])),  # priorities are 0-2
         disable_priority_preemption=mixed or draw(st.booleans()),
         retraction_policy=draw(st.sampled_from(["length", "priority"])) if priorities else "length",
-        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "hrrn", "shortest-prefill-first"])),
+        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "hrrn"] + ["shortest-prefill-first"] * spf)),
         init_new_token_ratio=draw(st.sampled_from([0.0, 0.05, 0.7])),          # low: retractions are common
         min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
         new_token_ratio_decay_steps=draw(st.sampled_from([1, 5, 600])),
@@ -834,7 +836,8 @@ KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCac
 
 @SETTINGS
 @given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
-       sglang_configs(), st.integers(1, 6), st.integers(0, 6), dyadic_linear_costs(), st.sampled_from(sorted(KVS)))
+       sglang_configs(spf=True), st.integers(1, 6), st.integers(0, 6), dyadic_linear_costs(),
+       st.sampled_from(sorted(KVS)))
 def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, cost, kind):
     """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache,
     priorities with preemption."""
@@ -851,7 +854,7 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 
 @SETTINGS
 @given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
-       sglang_configs(), st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
+       sglang_configs(spf=True), st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
     cfg = cacheable(whole_pages(cfg, block_size), kind)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
