@@ -12,6 +12,7 @@ import pytest
 
 from schedlab.study.experiment import load, run_experiment
 from schedlab.study.simulation import assemble
+from schedlab.testing import compare_runs
 
 #: Qwen3-30B-A3B (a MoE model: its ranks step together) on H100-80GB, whose chunk SGLang sizes
 #: at 8,192 tokens; requests a second apart, each done long before the next
@@ -202,3 +203,56 @@ def test_sglangs_dp_flags_in_the_scheduler_table_say_where_they_go(key, said):
     with pytest.raises(ConfigError, match=rf"unknown key '{key}' \(set it as ") as info:
         from_table(SglangConfig, {key: 2}, where="x [scheduler]")
     assert said in str(info.value)
+
+
+DPA_WAITING_TIMEOUT = """
+[experiment]
+reports = []
+seed = 670
+[workload]
+kind = "closed_loop"
+clients = 3
+num_requests = 5
+prompt = {dist = "fixed", value = 140}
+output = {dist = "fixed", value = 32}
+[scheduler]
+kind = "sglang"
+max_running_requests = 2
+chunked_prefill_size = 32
+overlap_schedule = false
+waiting_timeout_ms = 50.0
+[cost_model]
+kind = "roofline"
+model = "mixtral-8x7b"
+gpu = "h100-80gb"
+tensor_parallel = 2
+[cluster]
+data_parallel = 2
+[kv_cache]
+kind = "paged"
+block_size = 16
+num_blocks = 400
+bytes_per_block = 1048576
+[[runs]]
+name = "fast"
+[[runs]]
+name = "reference"
+engine = "reference"
+"""
+
+
+def test_a_request_turned_away_on_its_waiting_timeout_releases_its_clients_next_at_once(tmp_path):
+    """One running request a rank, a third client waiting: SGLang turns its request away after 50 ms
+    in the queue, at a plan. The client's next request arrives then -- the fast engine's ranks ran
+    a bulk decode run first and released it 204 ms later (engines review s78). Each follow-up of
+    that client arrives at its predecessor's rejection, in both engines alike."""
+    path = tmp_path / "dpa.toml"
+    path.write_text(DPA_WAITING_TIMEOUT)
+    fast, reference = run_experiment(load(path)).all_runs()
+    compare_runs(fast, reference, rel=1e-9)
+    rows = fast.requests
+    rejected = [i for i in range(5) if rows["rejected"][i]]
+    assert rejected[:3] == [2, 3, 4]
+    for before, after in zip(rejected, rejected[1:3]):
+        assert rows["client"][after] == rows["client"][before]
+        assert rows["arrival_ms"][after] == rows["finish_ms"][before]  # (released at the rejection)

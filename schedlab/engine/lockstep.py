@@ -546,6 +546,10 @@ class DataParallelCluster(Deployment):
                 return 1, 0.0  # its next plan may differ (engine.ahead)
             if inst.to_finish:
                 return 1, 0.0  # a request aborted runs once more, then leaves
+            if inst.track_finished and inst.finished:
+                # the plan turned a request away (SGLang's waiting timeout): a closed loop releases its
+                # client's next one after this step, as the reference engine does -- not after a run
+                return 1, 0.0
             if not working[r]:
                 if inst.has_work() and (not inst.bulk_ok or (inst.ahead is not None and inst.ahead.made_ahead(inst.now))):
                     # an idle rank whose scheduler may change its mind any step, or one whose plan
