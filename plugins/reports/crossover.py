@@ -16,7 +16,8 @@ and the *crossover* is the load where the ratio reaches 1 after starting on the 
 interpolated linearly in ``log(load)`` between the two swept loads around it (loads are
 usually swept by factors). A line better at every load has its crossover above the largest
 load (``> L``), one never better below the smallest (``< L``), one equal at every load has
-none.
+none; one with no load where both it and the baseline have the metric has no data (side
+``none`` in the CSV).
 
 Writes ``crossover.txt`` (printed too) and ``crossover.csv``, and ``plots/crossover.png``: for
 each compared sweep, its ratios against load (top) and its crossover against its first
@@ -40,6 +41,9 @@ from schedlab.study.spec import check_slo
 from schedlab.study.sweep import point_label
 
 from .best import metric_number
+
+#: crossover.png's least width (inches): one study's panel alone is too narrow for its subtitle
+MIN_FIGURE_WIDTH = 7.0
 
 
 @attrs.frozen
@@ -72,8 +76,9 @@ class Line:
     loads: tuple[float, ...]        # loads where both it and the baseline have the metric
     ratios: tuple[float, ...]       # metric / baseline metric there
     crossover: float | None         # the load where the ratio reaches 1 (None: beyond the range)
-    side: str                       # "inside", "above" (better everywhere), "below" (never better) or
-                                    # "tie" (equal at every load: neither ever better)
+    side: str                       # "inside", "above" (better everywhere), "below" (never better),
+                                    # "tie" (equal at every load: neither ever better) or "none" (no
+                                    # load where both have the metric: no data)
     extra: dict                     # ratio name -> (at the lowest load, at the highest load)
 
     @property
@@ -86,7 +91,10 @@ def crossover_load(loads, ratios, better: str) -> tuple[float | None, str]:
     interpolated in log(load), or ``(None, "above")`` / ``(None, "below")``. Loads where the two
     tie before either wins are passed over (SLO attainment is 1 for both at a light load): a line
     that ties, then wins, then loses crosses where it loses; one that ties at every load is
-    ``(None, "tie")`` (it never was worse either)."""
+    ``(None, "tie")`` (it never was worse either); with no load where both have the metric (all
+    its requests rejected, say) there is nothing to compare: ``(None, "none")``."""
+    if not len(ratios):
+        return None, "none"
     first = next((i for i, r in enumerate(ratios) if r != 1.0), len(ratios))
     if ratios and first == len(ratios):
         return None, "tie"
@@ -192,6 +200,8 @@ def _load_text(line: Line) -> str:
         return f"< {line.loads[0]:g}" if line.loads else "-"
     if line.side == "tie":
         return "none (equal at every load)"
+    if line.side == "none":
+        return "- (no values to compare)"
     return f"{line.crossover:.3g}"
 
 
@@ -239,7 +249,7 @@ def figure(lines: list[Line], config: CrossoverConfig, title: str):
     studies = list(dict.fromkeys(line.study for line in lines))
     if not studies:
         return None
-    fig = new_figure(4.2 * len(studies), 7.2, config.dpi)
+    fig = new_figure(max(4.2 * len(studies), MIN_FIGURE_WIDTH), 7.2, config.dpi)
     axes = fig.subplots(2, len(studies), squeeze=False)
     all_loads = sorted({x for line in lines for x in line.loads})
     for col, name in enumerate(studies):

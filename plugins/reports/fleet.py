@@ -160,6 +160,20 @@ def energy_notes(runs: list, kwh_usd: float | None, per_hour: list) -> list[str]
     return notes
 
 
+def last_hour_length(run, hour: int) -> float:
+    """How much of hour ``hour`` (the run's last) the run lasted, as a fraction of an hour: up to
+    the end of the engine's work (:func:`schedlab.results.metrics.engine_end_ms`: the time GPUs are
+    paid to; a replicated run's replica 1, whose rows are kept), or a whole hour when that end is
+    not inside it (a late arrival turned away in an hour after the work)."""
+    from schedlab.results.metrics import engine_end_ms
+
+    req = run.all_requests()
+    left = req["rejected"] == 0
+    end = engine_end_ms(run.counters or {}, float(req["finish_ms"][left].max()) if left.any() else 0.0)
+    part = (end - hour * HOUR_MS) / HOUR_MS
+    return part if 0.0 < part < 1.0 else 1.0
+
+
 def fleet_figure(runs: list, dpi: int, per_hour: list | None = None):
     """The figure of plots/fleet.png; ``per_hour``: each run's kWh per hour or None (no energy panel
     unless a run has them)."""
@@ -178,23 +192,29 @@ def fleet_figure(runs: list, dpi: int, per_hour: list | None = None):
     for i, (run, kwh) in enumerate(zip(runs, per_hour)):
         hourly = run.metrics["hourly"]
         hours = sorted(int(h) for h in hourly)
-        x = hours + [hours[-1] + 1]  # steps over each hour, the last one drawn to its end
+        # the hours' lengths (h): each a whole hour but the last, which ends with the engine's work
+        # -- its arrivals, GPU-hours and kWh are over that part of an hour, so drawn per hour of it
+        lengths = [1.0] * len(hours)
+        lengths[-1] = last_hour_length(run, hours[-1])
+        x = hours + [hours[-1] + lengths[-1]]  # steps over each hour, the last one drawn to its end
 
         def steps(values):
             return values + values[-1:]
 
         style = dict(line_style(i), drawstyle="steps-post")
-        rate_ax.plot(x, steps([hourly[str(h)]["requests"] / 3600 for h in hours]), label=run.name, **style)
-        gpu_ax.plot(x, steps([hourly[str(h)]["gpu_hours"] for h in hours]), label=run.name, **style)
+        rate_ax.plot(x, steps([hourly[str(h)]["requests"] / (3600 * n) for h, n in zip(hours, lengths)]),
+                     label=run.name, **style)
+        gpu_ax.plot(x, steps([hourly[str(h)]["gpu_hours"] / n for h, n in zip(hours, lengths)]), label=run.name,
+                    **style)
         if kwh is not None:
-            kwh_ax.plot(x, steps(list(kwh)), label=run.name, **style)
+            kwh_ax.plot(x, steps([k / n for k, n in zip(kwh, lengths)]), label=run.name, **style)
         attained = [hourly[str(h)]["slo_attainment"] for h in hours]
         slo_ax.plot(x, steps(attained), label=run.name, **style)
         lowest = min([lowest] + [a for a in attained if not math.isnan(a)])
     rate_ax.set_ylabel("arrivals / s")
     gpu_ax.set_ylabel("GPUs paid for\n(GPU-hours per hour)")
     slo_ax.set_ylabel("SLO attainment")
-    slo_ax.set_xlabel("hour (by arrival; the last hour: draining)")
+    slo_ax.set_xlabel("hour (by arrival; the last hour: draining, drawn to the end of the work)")
     slo_ax.set_ylim(min(0.9, lowest - 0.01), 1.005)
     slo_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     gpu_ax.set_ylim(bottom=0)

@@ -183,7 +183,8 @@ def check_panels(config: GoodputConfig, sweeps: list[str]) -> None:
 
 
 def figure(found: list[System], config: GoodputConfig, dpi: int = 110):
-    from .plot_common import line_style, metric_label, metric_value, new_figure, titles, use_log_scale
+    from .plot_common import line_style, metric_label, metric_value, new_figure, titles, use_log_scale, \
+        wide_positive_range
 
     rows = panel_rows(found, config)
     columns = 2 + len(config.metrics)
@@ -220,7 +221,7 @@ def figure(found: list[System], config: GoodputConfig, dpi: int = 110):
             ax.set_xlabel("request rate per GPU (requests/s)")
             ax.set_ylabel(metric_label(metric))
             ax.set_title(f"{prefix}{metric}", fontsize=10)
-            if any(v > 0 for v in drawn.get(metric, [])):
+            if wide_positive_range(drawn.get(metric, []), ratio=10.0):  # (a decade or more: else linear)
                 use_log_scale(ax, "y", drawn[metric])
             ax.grid(alpha=0.3)
     titles(fig, "Goodput per GPU (DistServe)",

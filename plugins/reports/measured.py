@@ -11,7 +11,8 @@ file, when it has them, against the simulated engine --, and draws into ``plots/
   simulated run over it;
 * ``measured_timeline.png`` -- running and waiting requests over time, measured (from the
   log's queued / scheduled / last-token times, or the server's own gauges where they were
-  scraped: an ML.ENERGY run's ``prometheus.json``) and simulated (the runs' timelines); not
+  scraped: an ML.ENERGY run's ``prometheus.json``) and simulated (each run's whole cluster at
+  the same times, by the same definition on its request rows, :func:`simulated_occupancy`); not
   drawn for a client's file without them, which records no scheduled times;
 * ``measured_power.png`` -- the GPUs' power over time (all of them), where the file records it
   (an ML.ENERGY benchmark's ``timeline.power``) and the simulated runs have a ``[power]`` table:
@@ -24,6 +25,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import numpy as np
@@ -52,6 +54,19 @@ def measured_occupancy(measured, times: np.ndarray) -> tuple[np.ndarray, np.ndar
     waiting = ((arrival <= t) & (t < scheduled)).sum(axis=1)
     running = ((scheduled <= t) & (t < finish)).sum(axis=1)
     return running, waiting
+
+
+def simulated_occupancy(run, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(running, waiting) requests of a simulated run at ``times`` (ms), summed over its instances,
+    by :func:`measured_occupancy`'s definition on the run's own rows: waiting from arrival to first
+    scheduled (to the abort for a request never scheduled), running from then to its finish; a
+    rejected request is in neither. An idle engine counts 0, and an exact replay gives the measured
+    counts."""
+    req = run.all_requests()
+    kept = req["rejected"] == 0
+    arrival, scheduled, finish = req["arrival_ms"][kept], req["first_scheduled_ms"][kept], req["finish_ms"][kept]
+    scheduled = np.where(scheduled < 0, finish, scheduled)
+    return measured_occupancy(SimpleNamespace(arrival_ms=arrival, scheduled_ms=scheduled, finish_ms=finish), times)
 
 
 def server_table(name: str, server: dict) -> str:
@@ -158,16 +173,17 @@ class CompareReport:
         else:
             times = np.linspace(0.0, float(finish.max()), 600)
             occupancy = measured_occupancy(measured, times)
+        # each run's whole cluster at the same times, by the measured side's definition
+        simulated = [(run, simulated_occupancy(run, times)) for run in runs]
         fig = new_figure(12.0, 4.4, self.config.dpi)
         axes = fig.subplots(1, 2, sharex=True)
         for ax, (column, title) in zip(axes, (("running", "running requests"), ("waiting", "waiting requests"))):
             ax.plot(times / 1e3, occupancy[0 if column == "running" else 1], color="black", linewidth=2.0,
                     label="measured")
-            for i, run in enumerate(runs):
-                t = run.timeline.get("time_ms")
-                if t is None or t.size == 0:
-                    continue
-                ax.step(t / 1e3, run.timeline[column], where="post", label=run.name, **line_style(i))
+            for i, (run, counts) in enumerate(simulated):
+                (line,) = ax.plot(times / 1e3, counts[0 if column == "running" else 1], label=run.name,
+                                  **line_style(i))
+                line.set_gid(f"measured_timeline:{column}:{i}")
             ax.set_title(title)
             ax.set_xlabel("time (s)")
             ax.grid(alpha=0.3)

@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 
 from schedlab.results.storage import latencies
 
-from .plot_common import line_style, metric_label, new_figure, note, stability_suffix, titles, use_log_scale, \
-    wide_positive_range
+from .plot_common import drawn_replica, line_style, metric_label, new_figure, note, outside_legend, replica_note, \
+    stability_suffix, titles, use_log_scale, wide_positive_range
 
 PANELS = (("ttft_ms", "time to first token"), ("tpot_ms", "time per output token"), ("e2e_ms", "end-to-end latency"))
 MAX_CDF_POINTS = 4000  # more requests than this: the CDF is drawn through this many evenly spaced ranks
@@ -70,8 +70,7 @@ def latency_cdf_figure(runs, title: str, dpi: int, labels: list[str] | None = No
     axes[0].set_ylim(0, 1.02)
     axes[0].set_yticks([0, 0.25, 0.5, 0.75, 0.9, 0.99])
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncol=min(len(handles), 6), frameon=False)
+        outside_legend(fig, list(handles.values()), list(handles), 6)
     empty = [label for label, lat in zip(labels, samples) if lat["e2e_ms"].size == 0]
     titles(fig, title, f"no finished requests: {', '.join(empty)}" if empty else "")
     return fig
@@ -79,7 +78,10 @@ def latency_cdf_figure(runs, title: str, dpi: int, labels: list[str] | None = No
 
 def _with_counts(label: str, run) -> str:
     """``name (4/100 finished)`` when some requests were rejected, else the name; `` (unstable)``
-    after an overloaded run's name."""
+    after an overloaded run's name; a replicated run is ``name (replica 1 of N)`` with replica 1's
+    counts and verdict, as its curves are replica 1's."""
+    label += replica_note(run)
+    run = drawn_replica(run)  # (a replicated run draws replica 1's requests: its counts)
     finished, total = run.metrics.get("finished"), run.metrics.get("requests")
     label += stability_suffix(run)
     if isinstance(finished, int) and isinstance(total, int) and finished < total:

@@ -201,6 +201,23 @@ STABILITY_STYLES = {"unstable": ("#d62728", "unstable (waiting grows)"),
                     "inconclusive": ("#ff7f0e", "waiting grows, run too short to tell")}
 
 
+def drawn_replica(run):
+    """What a figure of one run's requests or timeline describes: a replicated run keeps replica 1's
+    rows (:func:`schedlab.study.replicas.combine`), so the run with replica 1's own metrics (its
+    counts, KV numbers and stability fit, not the means over replicas); any other run itself."""
+    if not getattr(run, "replicas", None):
+        return run
+    import attrs
+
+    return attrs.evolve(run, metrics=run.replicas[0].metrics)
+
+
+def replica_note(run) -> str:
+    """`` (replica 1 of N)`` after a replicated run's name in a figure drawing replica 1, else ''."""
+    count = len(getattr(run, "replicas", None) or ())
+    return f" (replica 1 of {count})" if count else ""
+
+
 def stability_verdict(run) -> str | None:
     """``"unstable"`` or ``"inconclusive"`` when the plots should mark the run, else None."""
     stability = run.metrics.get("stability") if isinstance(run.metrics, dict) else None
@@ -220,5 +237,85 @@ def note(ax, text: str) -> None:
 
 
 def titles(fig: Figure, title: str, subtitle: str = "") -> None:
-    """Figure title, with an optional second line (headline numbers, a search's outcome)."""
-    fig.suptitle(title + (f"\n{subtitle}" if subtitle else ""), fontsize=TITLE_SIZE)
+    """Figure title, with an optional second line (headline numbers, a search's outcome), wrapped
+    to the figure's width (:func:`wrap_to_width`)."""
+    text = title + (f"\n{subtitle}" if subtitle else "")
+    fig.suptitle(wrap_to_width(fig, text, TITLE_SIZE), fontsize=TITLE_SIZE)
+
+
+#: the share of a figure's width that wrapped titles and fitted legends may take
+TEXT_WIDTH_SHARE = 0.96
+
+
+def _text_width(fig: Figure, text: str, fontsize: float) -> float:
+    """The drawn width (pixels) of one line of ``text`` at ``fontsize`` on ``fig``."""
+    probe = fig.text(0, 0, text, fontsize=fontsize)
+    try:
+        return probe.get_window_extent(fig.canvas.get_renderer()).width
+    finally:
+        probe.remove()
+
+
+def wrap_to_width(fig: Figure, text: str, fontsize: float, share: float = TEXT_WIDTH_SHARE) -> str:
+    """``text`` with each of its lines wrapped so that it fits ``share`` of the figure's width when
+    drawn at ``fontsize``: at the ends of its list items (after ", " and "; ") where that is enough
+    -- a run's setting stays on one line with what names it --, else at spaces (a single word
+    longer than the width stays whole)."""
+    import re
+
+    room = fig.bbox.width * share
+
+    def fits(piece: str) -> bool:
+        return _text_width(fig, piece, fontsize) <= room
+
+    out = []
+    for line in text.split("\n"):
+        if not line.strip() or fits(line):
+            out.append(line)
+            continue
+        current = ""
+        for item in re.split(r"(?<=[,;]) ", line):
+            joined = f"{current} {item}" if current else item
+            if fits(joined):
+                current = joined
+                continue
+            if current:
+                out.append(current)
+            if fits(item):
+                current = item
+                continue
+            words, current = item.split(" "), ""  # an item too wide alone: at its spaces
+            for word in words:
+                joined = f"{current} {word}" if current else word
+                if current and not fits(joined):
+                    out.append(current)
+                    current = word
+                else:
+                    current = joined
+        if current:
+            out.append(current)
+    return "\n".join(out)
+
+
+def outside_legend(fig: Figure, handles: list, labels: list, max_ncol: int, share: float = TEXT_WIDTH_SHARE):
+    """A legend below the panels (``loc="outside lower center"``) that fits the figure's width: as
+    many columns as fit, up to ``max_ncol``; with one column still too wide, long labels wrapped."""
+    labels = [str(label) for label in labels]
+    room = fig.bbox.width * share
+    renderer = fig.canvas.get_renderer()
+
+    def make(texts: list, ncol: int):
+        return fig.legend(handles, texts, loc="outside lower center", ncol=ncol, frameon=False)
+
+    for ncol in range(max(1, min(max_ncol, len(labels))), 0, -1):
+        legend = make(labels, ncol)
+        if legend.get_window_extent(renderer).width <= room or ncol == 1:
+            break
+        legend.remove()
+    if legend.get_window_extent(renderer).width > room:
+        fontsize = legend.get_texts()[0].get_fontsize() if legend.get_texts() else TITLE_SIZE
+        legend.remove()
+        # (room for the text: the figure less the legend's handle and padding)
+        wrapped = [wrap_to_width(fig, label, fontsize, share * 0.8) for label in labels]
+        legend = make(wrapped, 1)
+    return legend

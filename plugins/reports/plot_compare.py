@@ -8,7 +8,8 @@ need not be one of the panels -- get a highlighted bar in every panel, "(best)" 
 name, and a line in the subtitle. A run without a value for a metric gets no bar and a "-".
 A panel whose positive values span a factor of 30 or more gets a log axis. An overloaded run
 (see :mod:`schedlab.results.stability`) gets "(unstable)" or "(inconclusive)" after its name and a
-hatched bar outlined in red or orange: its latencies depend on how long it ran.
+hatched bar outlined in red or orange (dark grey on a best run's orange bar): its latencies depend
+on how long it ran.
 Runs with replicas draw their mean, with an error bar for the 95% confidence interval (gid
 ``interval:<metric>:<run name>``).
 """
@@ -57,7 +58,10 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
             is_best = id(run) in marked
             if math.isfinite(value):
                 verdict = stability_verdict(run)
-                edge = STABILITY_STYLES[verdict][0] if verdict else "0.2" if is_best else "none"
+                # (on a best bar's fill -- the same orange as "inconclusive" -- the hatch and
+                # outline are dark, else they could not be seen)
+                edge = ("0.2" if is_best else STABILITY_STYLES[verdict][0]) if verdict \
+                    else "0.2" if is_best else "none"
                 (bar,) = ax.barh(y[i], value, height=0.7, color=BEST_COLOR if is_best else PLAIN_COLOR,
                                  edgecolor=edge, linewidth=1.2, hatch="//" if verdict else None)
                 bar.set_gid(f"{'best' if is_best else 'bar'}:{metric}:{run.name}")

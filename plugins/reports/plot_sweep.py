@@ -40,7 +40,11 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 from schedlab.study.sweep import point_label
 
 from .plot_common import STABILITY_STYLES, line_style, metric_label, metric_unit, metric_value, new_figure, note, \
-    prefers_log_axis, setting_label, stability_verdict, tick_text, titles, use_log_scale, wide_positive_range
+    outside_legend, prefers_log_axis, setting_label, stability_verdict, tick_text, titles, use_log_scale, \
+    wide_positive_range
+
+#: the least width (inches) of a sweep figure: one panel alone is too narrow for its subtitle
+MIN_FIGURE_WIDTH = 6.4
 
 MAX_VALUE_TICKS = 12
 INTEGER_UNITS = ("count", "requests", "sequences", "tokens")
@@ -192,7 +196,7 @@ def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int
     marks = _marks(sweeps, key, xs, mark_last_zero)
     ncols = min(3, len(names))
     nrows = math.ceil(len(names) / ncols)
-    fig = new_figure(4.4 * ncols, 3.3 * nrows + 0.9, dpi)
+    fig = new_figure(max(4.4 * ncols, MIN_FIGURE_WIDTH), 3.3 * nrows + 0.9, dpi)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     handles = {}
     for ax, metric in zip(axes, names):
@@ -262,8 +266,7 @@ def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int
     if flagged:
         subtitle += "\n" + flagged
     if len(handles) > 1 or marks:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncol=min(len(handles), 6), frameon=False)
+        outside_legend(fig, list(handles.values()), list(handles), 6)  # (as many columns as fit)
     titles(fig, title, subtitle)
     return fig
 

@@ -25,7 +25,7 @@ from matplotlib.ticker import MaxNLocator
 from schedlab.results.stability import admission_times, stability_text, waiting_at
 
 from .plot_common import STABILITY_STYLES, fmt_number, fmt_percent, line_style, metric_value, new_figure, \
-    stability_verdict, titles
+    drawn_replica, outside_legend, replica_note, stability_verdict, titles
 
 PREEMPTION_COLOR = "#d62728"
 HIGH_WATER = 0.9
@@ -109,7 +109,8 @@ def preemption_steps(run) -> tuple[np.ndarray, np.ndarray]:
 
 def headline(run) -> str:
     """The run's preemption and KV numbers as one line of text (and a second line with the
-    stability verdict when the run is overloaded)."""
+    stability verdict when the run is overloaded); a replicated run's replica 1, whose timeline is drawn."""
+    run = drawn_replica(run)
     m = run.metrics
     text = (f"preemptions {fmt_number(metric_value(m, 'num_preemptions'))}  ·  "
             f"peak KV {fmt_percent(metric_value(m, 'kv_usage.peak'))}  ·  "
@@ -125,7 +126,9 @@ def headline(run) -> str:
 
 def trend_lines(run) -> list[tuple[int | None, dict]]:
     """``(instance or None for the whole run, fit)`` for each waiting-queue trend to draw: the
-    flagged instances' fits with several instances, else the run's."""
+    flagged instances' fits with several instances, else the run's (a replicated run's replica 1's:
+    the mean of the replicas' fits fits no drawn queue)."""
+    run = drawn_replica(run)
     per_instance = run.metrics.get("per_instance")
     if isinstance(per_instance, dict) and per_instance:
         out = []
@@ -178,6 +181,7 @@ def _power_panel(ax, run, several: bool) -> None:
 
 def timeline_figure(run, dpi: int) -> Figure:
     """Running / waiting / KV usage (and GPU power) panels for one run (which must have a timeline)."""
+    original, run = run, drawn_replica(run)  # (a replicated run: replica 1 throughout)
     series = instance_series(run)
     several = len(series) > 1
     power = has_power(run)
@@ -229,6 +233,6 @@ def timeline_figure(run, dpi: int) -> Figure:
         ax_pre.yaxis.set_major_locator(MaxNLocator(integer=True))
     if several:
         handles, labels = ax_run.get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8), frameon=False)
-    titles(fig, f"timeline: {run.name}", headline(run))
+        outside_legend(fig, handles, labels, 8)
+    titles(fig, f"timeline: {run.name}{replica_note(original)}", headline(run))
     return fig

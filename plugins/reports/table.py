@@ -86,6 +86,13 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _count(value) -> str:
+    """A count in the footer: a whole number as one, a replica mean (a fraction) as :func:`_fmt` has it."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return _fmt(value)
+
+
 BEST_MARK = " *"
 STABILITY_MARKS = {"unstable": " !", "inconclusive": " ?"}
 
@@ -235,21 +242,27 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
             lines.append(f"plan {study.name}: {plan.message}")
             lines.append(f"plan {study.name}: {plan.counts_text()}; cost vs {plan.attainment} frontier: "
                          f"{', '.join(plan.frontier) or '-'}")
+        # (a replicated run's counts are its means over its replicas: the sums are formatted as
+        # numbers and say so)
+        counts = sorted({len(r.replicas) for r in study.runs if r.replicas})
+        means = (f"; replicated runs count their means over {'/'.join(map(str, counts))} replicas"
+                 if counts else "")
         rejected = sum(r.metrics.get("rejected", 0) for r in study.runs)
         if rejected:
-            lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
+            lines.append(f"{study.name}: {_count(rejected)} requests rejected (reasons in requests.csv{means})")
         timed_out = sum(r.metrics.get("timed_out", 0) for r in study.runs)
         # (of those, the requests an autoscaler's drain timeout aborted: schedlab.engine.drain)
         drained = sum((r.metrics.get("fleet") or {}).get("drain_aborted", 0) for r in study.runs)
         if timed_out and drained:
             aborted = sum(r.metrics.get("aborted", 0) for r in study.runs)
-            lines.append(f"{study.name}: {timed_out} requests failed for their clients ({drained} aborted by the "
-                         f"autoscaler's drain timeout, fleet.drain_aborted; {timed_out - drained} timed out, their "
-                         f"clients gave up; {aborted} aborted in the engine in all; in requests.csv)")
+            lines.append(f"{study.name}: {_count(timed_out)} requests failed for their clients ({_count(drained)} "
+                         f"aborted by the autoscaler's drain timeout, fleet.drain_aborted; "
+                         f"{_count(timed_out - drained)} timed out, their clients gave up; {_count(aborted)} aborted "
+                         f"in the engine in all; in requests.csv{means})")
         elif timed_out:
             aborted = sum(r.metrics.get("aborted", 0) for r in study.runs)
-            lines.append(f"{study.name}: {timed_out} requests timed out (their clients gave up; {aborted} of them "
-                         "aborted in the engine; in requests.csv)")
+            lines.append(f"{study.name}: {_count(timed_out)} requests timed out (their clients gave up; "
+                         f"{_count(aborted)} of them aborted in the engine; in requests.csv{means})")
     return "\n".join(lines) + "\n"
 
 

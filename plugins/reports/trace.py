@@ -9,7 +9,9 @@
 * each request's spans as nested async slices: ``request <id>`` around ``queued`` (arrival to first
   scheduled), ``prefill`` (to its first token) and ``decode`` (to its finish); in a disaggregated
   cluster the prefill instance holds ``queued`` and ``prefill``, the decode instance ``kv transfer``
-  and ``decode``; a rejected request is an instant event with its reason;
+  and ``decode``; a rejected request is an instant event with its reason; a request aborted (its
+  client gave up) has no span for a step it never reached -- never scheduled, it is ``queued`` until
+  the abort; without a first token, in ``prefill`` until the abort -- and an instant ``aborted <id>``;
 * counters ``KV blocks`` (in use) and ``requests`` (running, waiting), sampled at every engine event.
 
 Times are microseconds of simulated time. The format is the Trace Event Format's JSON object form
@@ -133,6 +135,8 @@ def _request_events(req: dict, rejections: dict, limit: int) -> list[dict]:
                                                  "finish_ms", "rejected", "prompt_tokens", "generated_tokens",
                                                  "preemptions", "prefill_instance", "kv_landed_ms",
                                                  "decode_joined_ms", "kv_ready_ms")}
+    aborted = req["aborted"][order].tolist() if "aborted" in req else [0] * len(order)
+    timed_out = req["timed_out"][order].tolist() if "timed_out" in req else [0] * len(order)
     for i in range(len(order)):
         rid, inst = int(get["id"][i]), int(get["instance"][i])
         arrival, finish = get["arrival_ms"][i], get["finish_ms"][i]
@@ -140,28 +144,59 @@ def _request_events(req: dict, rejections: dict, limit: int) -> list[dict]:
             out.append({"ph": "i", "s": "p", "name": f"rejected {rid}", "cat": REQUESTS_CAT, "pid": inst + 1,
                         "tid": 0, "ts": _us(arrival), "args": {"reason": rejections.get(rid, "")}})
             continue
-        scheduled, first = get["first_scheduled_ms"][i], get["first_token_ms"][i]
+        # a -1 (any negative time) is a step the request never reached: one aborted before it was
+        # scheduled waits in ``queued`` until the abort, one aborted before its first token is in
+        # ``prefill`` until the abort, and neither gets a ``decode`` span
+        scheduled = _reached(get["first_scheduled_ms"][i])
+        first = _reached(get["first_token_ms"][i])
         args = {"prompt_tokens": int(get["prompt_tokens"][i]), "generated_tokens": int(get["generated_tokens"][i]),
                 "preemptions": int(get["preemptions"][i])}
         prefill_inst = int(get["prefill_instance"][i])
+        abort_pid = inst + 1
         if prefill_inst >= 0 and prefill_inst != inst:  # disaggregated: two instances share the request
             ident = f"r{rid}p"
-            ready = get["kv_ready_ms"][i]  # (handed over: the prompt done; the first token is the decode side's
-            if ready < 0:                  # with first_token = "decode")
+            ready = _reached(get["kv_ready_ms"][i])  # (handed over: the prompt done; the first token is
+            if ready is None:                        # the decode side's with first_token = "decode")
                 ready = first
-            _span(out, f"request {rid}", prefill_inst + 1, ident, arrival, ready, args)
-            _nested(out, prefill_inst + 1, ident, [("queued", arrival, scheduled), ("prefill", scheduled, ready)])
-            landed, joined = get["kv_landed_ms"][i], get["decode_joined_ms"][i]
-            ident = f"r{rid}d"
-            _span(out, f"request {rid}", inst + 1, ident, ready, finish, args)
-            _nested(out, inst + 1, ident, [("kv transfer", ready, max(ready, landed)),
-                                          ("decode", max(ready, joined), finish)])
+            prefill_end = finish if ready is None else ready
+            _span(out, f"request {rid}", prefill_inst + 1, ident, arrival, prefill_end, args)
+            _nested(out, prefill_inst + 1, ident, _stages(arrival, scheduled, prefill_end))
+            if ready is None:  # aborted on the prefill side: the decode instance never saw it
+                abort_pid = prefill_inst + 1
+            else:
+                landed, joined = _reached(get["kv_landed_ms"][i]), _reached(get["decode_joined_ms"][i])
+                ident = f"r{rid}d"
+                _span(out, f"request {rid}", inst + 1, ident, ready, finish, args)
+                transfer_end = min(finish, max(ready, landed if landed is not None else finish))
+                spans = [("kv transfer", ready, transfer_end)]
+                if landed is not None and joined is not None and first is not None:
+                    spans.append(("decode", max(ready, joined), finish))
+                _nested(out, inst + 1, ident, spans)
         else:
             ident = f"r{rid}"
             _span(out, f"request {rid}", inst + 1, ident, arrival, finish, args)
-            _nested(out, inst + 1, ident, [("queued", arrival, scheduled), ("prefill", scheduled, first),
-                                          ("decode", first, finish)])
+            spans = _stages(arrival, scheduled, finish if first is None else first)
+            if first is not None:
+                spans.append(("decode", first, finish))
+            _nested(out, inst + 1, ident, spans)
+        if aborted[i]:
+            out.append({"ph": "i", "s": "p", "name": f"aborted {rid}", "cat": REQUESTS_CAT, "pid": abort_pid,
+                        "tid": 0, "ts": _us(finish),
+                        "args": {"reason": "client timeout" if timed_out[i] else "aborted by the engine"}})
     return out
+
+
+def _reached(ms: float) -> float | None:
+    """A request's time of a step, or None for a step it never reached (a negative sentinel)."""
+    return None if ms < 0 or not math.isfinite(ms) else ms
+
+
+def _stages(arrival: float, scheduled: float | None, end: float) -> list:
+    """``queued`` (arrival to first scheduled) and ``prefill`` (to ``end``); never scheduled:
+    ``queued`` to ``end`` alone."""
+    if scheduled is None:
+        return [("queued", arrival, end)]
+    return [("queued", arrival, scheduled), ("prefill", scheduled, end)]
 
 
 def _nested(events: list, pid: int, ident: str, spans: list) -> None:
