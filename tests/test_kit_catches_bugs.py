@@ -420,26 +420,18 @@ def test_bad_iteration_times_are_caught(engine, ms):
         kit(FOUR_AT_ONCE, Fcfs(), engine=engine, cost_model=constant_cost(ms))
 
 
-def free_decode_model() -> LinearCostModel:
-    """The linear model with no decode cost -- decode-only iterations take 0 ms. Its config
-    refuses that now (``LinearConfig``); a third party's model may still do it."""
-    model = LinearCostModel(LinearConfig())
-    model._decode = 0.0
-    return model
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 def test_free_decodes_are_caught(engine):
-    """Decode-only iterations of 0 ms (before ``check_run`` read the timeline, the reference engine
-    passed them silently)."""
-    free_decodes = free_decode_model()
+    """A built-in misconfigured: the linear model with no decode cost -- decode-only iterations
+    take 0 ms (before ``check_run`` read the timeline, the reference engine passed it silently)."""
+    free_decodes = LinearCostModel(LinearConfig(decode_ms_per_step=0.0))
     with caught(r"cost model returned 0.0 ms|\(2 decodes, 0 prompt tokens\) took 0.0 ms: the cost model must return "
                 r"a positive"):  # (the fast engine's refusal, or check_run's reading of the reference run)
         kit(FOUR_AT_ONCE, Fcfs(), engine=engine, cost_model=free_decodes)
 
 
 def test_free_decodes_are_found_by_hypothesis():
-    free_decodes = free_decode_model()
+    free_decodes = LinearCostModel(LinearConfig(decode_ms_per_step=0.0))
     some_example_fails(requests_lists(), lambda reqs: kit(reqs, Fcfs(), engine="reference", cost_model=free_decodes),
                        r"cost model returned 0.0 ms|the cost model must return a positive, finite time")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import attrs
 
-from schedlab.configs import FieldError, float_field
+from schedlab.configs import float_field
 from schedlab.protocols import Batch
 
 
@@ -33,18 +33,6 @@ class LinearConfig:
     per_seq_ms: float = float_field(0.0, min=0.0, help="extra ms per sequence in the batch")
     per_context_token_ms: float = float_field(0.0, min=0.0, help="extra ms per KV token attended by decodes")
     base_ms: float = float_field(0.0, min=0.0, help="fixed overhead per iteration (scheduling, launch)")
-
-    def __attrs_post_init__(self):
-        # an iteration must take time: a prompt-only one costs base + prefill x tokens (+ per sequence),
-        # a decode-only one base + decode step (+ per sequence and context); either at 0 failed every
-        # run at its first such iteration, blaming the batch, after validate had passed it
-        if not (self.base_ms or self.per_seq_ms or self.prefill_ms_per_token):
-            raise FieldError("prefill_ms_per_token", "0, with base_ms and per_seq_ms 0 too, times a prompt-only "
-                                                     "iteration at 0 ms; give one of them a positive value")
-        if not (self.base_ms or self.per_seq_ms or self.decode_ms_per_step or self.per_context_token_ms):
-            raise FieldError("decode_ms_per_step", "0, with base_ms, per_seq_ms and per_context_token_ms 0 too, "
-                                                   "times a decode-only iteration at 0 ms; give one of them a "
-                                                   "positive value")
 
 
 class LinearCostModel:
