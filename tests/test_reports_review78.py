@@ -3,7 +3,6 @@ runs, replicated timelines / CDFs, clipped text, and the measured timeline."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -467,7 +466,7 @@ def test_measured_timeline_draws_cluster_totals_and_an_exact_replay_matches(tmp_
     (tmp_path / "replay.toml").write_text(REPLAY_EXPERIMENT.replace("LOG", str(log)))
     results = run_experiment(load(tmp_path / "replay.toml"))
     runs = results.all_runs()
-    same, two = run_named(results, "same"), run_named(results, "two")
+    two = run_named(results, "two")
     fig = CompareReport()._timeline(runs)
     lines = {(ax.get_title().split()[0], line.get_label()): line for ax in fig.axes for line in ax.get_lines()}
     measured = {ax.get_title().split()[0]: next(l for l in ax.get_lines() if l.get_label() == "measured")
