@@ -14,45 +14,33 @@ import pytest
 
 from schedlab.study.experiment import load, run_experiment
 
-TIMEOUT_EXPERIMENT = '''
-[experiment]
-name = "review78"
-seed = 5
-reports = ["json"]
-
-[workload]
-kind = "synthetic"
-num_requests = {n}
-rate = {rate}
-prompt = {dist = "uniform", low = 200, high = 800}
-output = {dist = "uniform", low = 20, high = 80}
-
-[cost_model]
-kind = "linear"
-
-[scheduler]
-kind = "continuous"
-max_num_seqs = {seqs}
-
-[client]
-timeout_ms = {timeout}
-
-[[runs]]
-name = "to"
-
-[[runs]]
-name = "rep"
-replicas = 3
-'''
 
 
-def run_timeouts(folder: Path, **values):
+def synthetic_experiment(name: str, requests: int, rate: float, *, seqs: int | None = None, seed: int | None = None,
+                         timeline: bool = True, prompt: tuple = (200, 800), output: tuple = (20, 80),
+                         tables: str = "", runs: str) -> str:
+    """An experiment of uniform synthetic requests on the linear cost model (the ``continuous``
+    scheduler with ``seqs`` slots, when given), with more ``tables`` and its ``runs``."""
+    return (f'[experiment]\nname = "{name}"\n' + (f"seed = {seed}\n" if seed is not None else "")
+            + ("" if timeline else "timeline = false\n") + 'reports = ["json"]\n\n'
+            + f'[workload]\nkind = "synthetic"\nnum_requests = {requests}\nrate = {rate}\n'
+            + f'prompt = {{dist = "uniform", low = {prompt[0]}, high = {prompt[1]}}}\n'
+            + f'output = {{dist = "uniform", low = {output[0]}, high = {output[1]}}}\n\n'
+            + '[cost_model]\nkind = "linear"\n\n'
+            + (f'[scheduler]\nkind = "continuous"\nmax_num_seqs = {seqs}\n\n' if seqs is not None else "")
+            + tables + runs)
+
+
+SLO = "[slo]\nttft_ms = 150\ntpot_ms = 12\n\n"
+
+
+def run_timeouts(folder: Path, n: int, rate: float, seqs: int, timeout: float):
     toml = folder / "e.toml"
-    text = TIMEOUT_EXPERIMENT
-    for key, value in values.items():
-        text = text.replace("{" + key + "}", str(value))
-    toml.write_text(text)
+    toml.write_text(synthetic_experiment("review78", n, rate, seqs=seqs, seed=5,
+                                         tables=f"[client]\ntimeout_ms = {timeout}\n\n",
+                                         runs='[[runs]]\nname = "to"\n\n[[runs]]\nname = "rep"\nreplicas = 3\n'))
     return run_experiment(load(toml))
+
 
 
 @pytest.fixture(scope="module")
@@ -365,40 +353,10 @@ def test_replicated_timeline_subtitle_fits(overloaded_replicas):
 def test_one_study_crossover_subtitle_fits(tmp_path):
     import schedlab_plugins.reports.crossover as co
     toml = tmp_path / "e.toml"
-    toml.write_text('''
-[experiment]
-name = "review78x"
-seed = 4
-timeline = false
-reports = ["json"]
-
-[workload]
-kind = "synthetic"
-num_requests = 30
-rate = 2.0
-prompt = {dist = "uniform", low = 200, high = 800}
-output = {dist = "uniform", low = 20, high = 80}
-
-[cost_model]
-kind = "linear"
-
-[scheduler]
-kind = "continuous"
-max_num_seqs = 8
-
-[slo]
-ttft_ms = 150
-tpot_ms = 12
-
-[[runs]]
-name = "one"
-sweep = { "workload.rate" = [2.0, 8.0] }
-
-[[runs]]
-name = "two"
-cluster = { instances = 2 }
-sweep = { "workload.rate" = [2.0, 8.0] }
-''')
+    toml.write_text(synthetic_experiment(
+        "review78x", 30, 2.0, seqs=8, seed=4, timeline=False, tables=SLO,
+        runs='[[runs]]\nname = "one"\nsweep = { "workload.rate" = [2.0, 8.0] }\n\n'
+             '[[runs]]\nname = "two"\ncluster = { instances = 2 }\nsweep = { "workload.rate" = [2.0, 8.0] }\n'))
     results = run_experiment(load(toml))
     config = co.CrossoverConfig(baseline="one", load="workload.rate", metric="slo.attainment", better="higher")
     fig = co.figure(co.compare(results, config), config, "crossover: review78x")
@@ -499,31 +457,10 @@ def test_crossover_without_comparable_values_is_no_data(tmp_path):
 
     import schedlab_plugins.reports.crossover as co
     toml = tmp_path / "e.toml"
-    toml.write_text('''
-[experiment]
-name = "review78none"
-timeline = false
-reports = ["json"]
-
-[workload]
-kind = "synthetic"
-num_requests = 8
-rate = 2.0
-prompt = {dist = "uniform", low = 300, high = 400}
-output = {dist = "uniform", low = 5, high = 10}
-
-[cost_model]
-kind = "linear"
-
-[[runs]]
-name = "good"
-sweep = { "workload.rate" = [1.0, 4.0] }
-
-[[runs]]
-name = "bad"
-kv_cache = { num_blocks = 4 }
-sweep = { "workload.rate" = [1.0, 4.0] }
-''')
+    toml.write_text(synthetic_experiment(
+        "review78none", 8, 2.0, timeline=False, prompt=(300, 400), output=(5, 10),
+        runs='[[runs]]\nname = "good"\nsweep = { "workload.rate" = [1.0, 4.0] }\n\n'
+             '[[runs]]\nname = "bad"\nkv_cache = { num_blocks = 4 }\nsweep = { "workload.rate" = [1.0, 4.0] }\n'))
     results = run_experiment(load(toml))
     bad = next(s for s in results.studies if s.name == "bad")
     assert all(run.metrics["rejected"] == run.metrics["requests"] for run in bad.runs)  # nothing finished
@@ -541,30 +478,9 @@ sweep = { "workload.rate" = [1.0, 4.0] }
 def test_fleet_last_partial_hour_is_drawn_per_hour_of_its_length(tmp_path):
     from schedlab_plugins.reports.fleet import fleet_figure, fleet_runs
     toml = tmp_path / "e.toml"
-    toml.write_text('''
-[experiment]
-name = "review78fleet"
-seed = 2
-reports = ["json"]
-
-[workload]
-kind = "synthetic"
-num_requests = 500
-rate = 0.06
-prompt = {dist = "uniform", low = 200, high = 800}
-output = {dist = "uniform", low = 20, high = 80}
-
-[cost_model]
-kind = "linear"
-
-[slo]
-ttft_ms = 60
-tpot_ms = 9
-
-[[runs]]
-name = "fixed"
-cluster = { instances = 2 }
-''')
+    toml.write_text(synthetic_experiment(
+        "review78fleet", 500, 0.06, seed=2, tables="[slo]\nttft_ms = 60\ntpot_ms = 9\n\n",
+        runs='[[runs]]\nname = "fixed"\ncluster = { instances = 2 }\n'))
     results = run_experiment(load(toml))
     runs = fleet_runs(results)
     run = runs[0]
@@ -607,35 +523,9 @@ def test_compare_best_inconclusive_bar_hatch_is_visible(overloaded_replicas):
 def test_goodput_extra_panel_is_linear_over_a_narrow_range(tmp_path):
     import schedlab_plugins.reports.goodput as gp
     toml = tmp_path / "e.toml"
-    toml.write_text('''
-[experiment]
-name = "review78goodput"
-seed = 4
-timeline = false
-reports = ["json"]
-
-[workload]
-kind = "synthetic"
-num_requests = 60
-rate = 2.0
-prompt = {dist = "uniform", low = 200, high = 800}
-output = {dist = "uniform", low = 20, high = 80}
-
-[cost_model]
-kind = "linear"
-
-[scheduler]
-kind = "continuous"
-max_num_seqs = 8
-
-[slo]
-ttft_ms = 150
-tpot_ms = 12
-
-[[runs]]
-name = "one"
-sweep = { "workload.rate" = [2.0, 4.0, 8.0, 16.0] }
-''')
+    toml.write_text(synthetic_experiment(
+        "review78goodput", 60, 2.0, seqs=8, seed=4, timeline=False, tables=SLO,
+        runs='[[runs]]\nname = "one"\nsweep = { "workload.rate" = [2.0, 4.0, 8.0, 16.0] }\n'))
     results = run_experiment(load(toml))
     # TPOT p90 by hand from each run's rows: (finish - first token) / (generated - 1), numpy's
     # linear percentile over the requests with more than one token
