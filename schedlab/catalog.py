@@ -1,8 +1,9 @@
 """Assemble what a run can use: a fresh pluggy manager and the registries it fills.
 
-Plugins come from three places, all loaded the same way and registering through the same
-hooks: the built-in modules of ``schedlab_plugins``, the ``schedlab`` entry-point group
-(third-party packages), and modules an experiment lists in ``plugins = [...]``.
+Plugins come from three places, all registering through the same hooks: the ``schedlab``
+entry-point group of schedlab's own package (the built-in modules of ``schedlab_plugins``,
+loaded first), the same group of third-party packages, and modules an experiment lists in
+``plugins = [...]``.
 There is no module-level plugin manager: every :func:`load_catalog` call makes its own.
 
 A third-party package whose entry point cannot be loaded (it raises on import, or implements
@@ -37,17 +38,9 @@ from . import hookspecs
 from .errors import ConfigError, DuplicateNameError, SchedlabError
 from .registry import BrokenPluginWarning, PluginConfigWarning, Registry  # (both warnings also imported from here)
 
-BUILTIN_PLUGINS = (
-    "schedlab_plugins.schedulers",
-    "schedlab_plugins.cost_models",
-    "schedlab_plugins.kv_caches",
-    "schedlab_plugins.workloads",
-    "schedlab_plugins.routers",
-    "schedlab_plugins.autoscalers",
-    "schedlab_plugins.reports",
-    "schedlab_plugins.presets",
-    "schedlab_plugins.power",
-)
+#: the distribution whose ``schedlab`` entry points are the built-ins (pyproject.toml's
+#: ``[project.entry-points.schedlab]``)
+BUILTIN_DISTRIBUTION = "schedlab"
 
 # kind name -> registration hook name
 KINDS = {
@@ -271,8 +264,8 @@ def _assemble(extra_modules: Iterable[str], *, entry_points: bool, builtins: boo
     pm = pluggy.PluginManager(hookspecs.NAME)
     pm.add_hookspecs(hookspecs)
     if builtins:
-        for name in BUILTIN_PLUGINS:
-            _import_plugin(pm, name, provider=f"{name} (built-in)")
+        for entry_point in builtin_entry_points():
+            _import_plugin(pm, entry_point.value, provider=f"{entry_point.value} (built-in)")
     installed = _load_entry_points(pm) if entry_points else {}
     for name in extra_modules:
         module = _import_plugin(pm, name, provider=name, plugin_dir=plugin_dir, source=source)
@@ -280,6 +273,27 @@ def _assemble(extra_modules: Iterable[str], *, entry_points: bool, builtins: boo
             installed[pm.get_name(module)].listed = True
     _check_pending(pm, installed, source)
     return pm, installed
+
+
+def builtin_entry_points() -> list[importlib.metadata.EntryPoint]:
+    """schedlab's own entry points of the ``schedlab`` group: the built-in plugins, found as a
+    third-party package's are (a broken one is an error, not a warning).
+
+    :raises SchedlabError: schedlab's package metadata is not there (a source tree put on
+        Python's path instead of installed) or names no plugin."""
+    try:
+        dist = importlib.metadata.distribution(BUILTIN_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    ours = [ep for ep in dist.entry_points if ep.group == hookspecs.NAME] if dist is not None else []
+    if not ours:
+        raise SchedlabError(f"schedlab's built-in plugins are registered through the {hookspecs.NAME!r} entry-point "
+                            "group of its installed package, and "
+                            + ("no schedlab package is installed" if dist is None else
+                               f"the installed schedlab {dist.version} lists none")
+                            + f" (schedlab is imported from {os.path.dirname(os.path.dirname(__file__))}): install "
+                            "it, `pip install -e .` in a source checkout")
+    return ours
 
 
 def _canonical(name: str) -> str:
@@ -299,6 +313,8 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, _Installed]:
         if not ours:  # (most packages: their METADATA is not parsed, which costs ~1 ms each)
             continue
         dist_name = dist.metadata["Name"] or "?"
+        if _canonical(dist_name) == BUILTIN_DISTRIBUTION:  # (the built-ins, loaded before)
+            continue
         package = f"{dist_name} {dist.version}"
         for ep in ours:
             if (_canonical(dist_name), ep.name) in seen:
@@ -481,7 +497,7 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
             _warn_broken(info.entry, info.package, info.value, failed.error, f"failed in {failed.hook_name}")
     modules = (sys.modules.get(name) for name in extra_modules)
     listed = tuple(dict.fromkeys(providers[id(m)] for m in modules if m is not None and pm.is_registered(m)
-                                 and pm.get_name(m) not in installed and m.__name__ not in BUILTIN_PLUGINS))
+                                 and pm.get_name(m) not in installed and not providers[id(m)].endswith(" (built-in)")))
     return Catalog(registries, pm, listed)
 
 

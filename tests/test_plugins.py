@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import inspect
+import pathlib
 import sys
 import textwrap
+import tomllib
 
 import attrs
 import pluggy
 import pytest
 
 import schedlab
+from schedlab import catalog as catalog_module
 from schedlab import hookspecs
-from schedlab.catalog import BUILTIN_PLUGINS, KINDS, load_catalog, make_plugin_manager
+from schedlab.catalog import KINDS, load_catalog, make_plugin_manager
 from schedlab.configs import int_field
-from schedlab.errors import ConfigError, DuplicateNameError, UnknownPluginError
+from schedlab.errors import ConfigError, DuplicateNameError, SchedlabError, UnknownPluginError
 from schedlab.registry import Registry
 from schedlab.study.experiment import load, run_experiment
 
@@ -42,8 +47,37 @@ def test_builtins_register_through_the_same_hooks():
         assert len(catalog[kind]) > 0, kind
     entry = catalog["scheduler"].get("continuous")
     assert "(built-in)" in entry.provider and entry.provider.startswith("schedlab_plugins.schedulers")
-    assert set(BUILTIN_PLUGINS) <= {name.split(" ")[0] for name in
-                                    (catalog.plugin_manager.get_name(p) for p in catalog.plugin_manager.get_plugins())}
+    registered = {catalog.plugin_manager.get_name(p) for p in catalog.plugin_manager.get_plugins()}
+    assert registered == {f"{module} (built-in)" for module in PYPROJECT_BUILTINS.values()}
+
+
+#: pyproject.toml's ``[project.entry-points.schedlab]``: the built-ins, published as a third-party
+#: package publishes its plugins
+PYPROJECT_BUILTINS = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())[
+    "project"]["entry-points"]["schedlab"]
+
+
+def test_every_plugins_module_with_a_hook_is_an_entry_point_of_schedlabs_package():
+    hooked = set()
+    for path in sorted((pathlib.Path(__file__).parents[1] / "plugins").glob("*")):
+        name = path.stem if path.suffix == ".py" else path.name
+        if name.startswith("_") or not (path.suffix == ".py" or (path / "__init__.py").is_file()):
+            continue
+        module = importlib.import_module(f"schedlab_plugins.{name}")
+        if any(callable(getattr(module, hook, None)) for hook in KINDS.values()):
+            hooked.add(module.__name__)
+    assert hooked == set(PYPROJECT_BUILTINS.values())
+    # what the installed package's metadata says is what pyproject.toml says (a stale install would not)
+    assert {ep.name: ep.value for ep in catalog_module.builtin_entry_points()} == PYPROJECT_BUILTINS
+
+
+def test_without_schedlabs_package_metadata_the_error_says_to_install_it(monkeypatch):
+    def not_found(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(catalog_module.importlib.metadata, "distribution", not_found)
+    with pytest.raises(SchedlabError, match=r"registered through the 'schedlab' entry-point group of its installed "
+                                            r"package, and no schedlab package is installed .*pip install -e \."):
+        load_catalog(entry_points=False)
 
 
 def test_fresh_plugin_manager_each_time():
