@@ -123,7 +123,7 @@ def schedlab_register_reports(register: "Registry") -> None:
         files for a finished experiment. A duplicate name raises. A config class with a method
         ``check_studies(studies)`` has settings that name runs, swept keys or metrics checked
         when the experiment file is read (it raises ConfigError or FieldError; each study has
-        ``name``, ``kind``, ``keys`` and ``has_slo()``:
+        ``name``, ``kind``, ``keys``, ``has_slo()`` and ``has_power()``:
         :func:`schedlab.study.experiment.check_report_studies`).
     """
 

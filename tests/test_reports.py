@@ -369,10 +369,33 @@ def test_a_table_column_of_slo_metrics_without_slo_targets_is_refused(tmp_path, 
     path.write_text(workload + '[reports.table]\ncolumns = ["finished", "slo.attainment"]\n')
     assert main(["validate", str(path)]) == 2
     assert capsys.readouterr().err == (f"schedlab: error: {path}: [reports.table]: columns: 'slo.attainment' needs "
-                                       "[slo] targets (ttft_ms, tpot_ms), and no run has them: every row would show "
+                                       "[slo] targets (ttft_ms, tpot_ms), and no run has them: every run would show "
                                        "-\n")
     path.write_text(workload + '[slo]\nttft_ms = 300\n[reports.table]\ncolumns = ["finished", "slo.attainment"]\n')
     assert main(["validate", str(path)]) == 0
+
+
+@pytest.mark.parametrize("report, field, metric", [
+    ("table", "columns", "energy.kwh"), ("table", "columns", "per_class.chat.energy.j_per_token"),
+    ("table", "best", "energy.j_per_token"), ("table", "differences", "energy.avg_power_w"),
+    ("plots", "compare_metrics", "energy.kwh"), ("plots", "best", "energy.kwh")])
+def test_an_energy_metric_without_a_power_table_in_any_run_is_refused(tmp_path, capsys, report, field, metric):
+    """A left-alone item: a table column (a bar, the best run) of energy.* without [power] showed '-' in every
+    row, as slo.* without [slo] did before it was refused."""
+    from schedlab.cli import main
+
+    path = tmp_path / "e.toml"
+    value = f'"{metric}"' if field == "best" else f'["{metric}"]'
+    runs = '[[runs]]\nname = "plain"\n[[runs]]\nname = "metered"\n[runs.power]\nkind = "utilisation"\n'
+    roofline = ('[cost_model]\nkind = "roofline"\nmodel = "llama-3.1-8b"\ngpu = "h100-80gb"\n'
+                '[kv_cache]\nmodel = "llama-3.1-8b"\ngpu = "h100-80gb"\n')
+    path.write_text(SMALL + roofline + f'[reports.{report}]\n{field} = {value}\n')
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {path}: [reports.{report}]: {field}: '{metric}' needs a "
+                                       "[power] table (only runs with one meter energy), and no run has one: every "
+                                       "run would show -\n")
+    path.write_text(SMALL + roofline + f'[reports.{report}]\n{field} = {value}\n' + runs)   # one run meters it
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err
 
 
 #: a small workload for files checked by ``schedlab validate``

@@ -53,7 +53,13 @@ class PlotsConfig:
     def check_studies(self, studies) -> None:
         """Called when the experiment file is read: every overlay names runs of the experiment,
         none a search, and its sweeps share their first key (as :func:`.plot_sweep.overlay_figure`
-        needs)."""
+        needs); a bar metric or ``best`` that needs ``[slo]`` or ``[power]`` has a run with it."""
+        from schedlab.study.spec import check_some_run_has
+
+        studies = list(studies)
+        for metric in self.compare_metrics:
+            check_some_run_has(metric, studies, "compare_metrics")
+        check_some_run_has(self.best, studies, "best")
         by_name = {s.name: s for s in studies}
         for name, names in self.overlays.items():
             for study_name in names:

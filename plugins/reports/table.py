@@ -53,14 +53,14 @@ class TableConfig:
 
     def check_studies(self, studies) -> None:
         """Called when the experiment file is read: ``baseline`` names a replicated single run, and
-        a column of ``slo.*`` metrics has a run with ``[slo]`` targets (else every row showed -)."""
-        from schedlab.study.spec import needs_slo
+        a column of ``slo.*`` (``energy.*``) metrics has a run with ``[slo]`` targets (a ``[power]``
+        table), else every row showed -."""
+        from schedlab.study.spec import check_some_run_has
 
         studies = list(studies)
-        for column in self.columns:
-            if needs_slo(column) and studies and not any(s.has_slo() for s in studies):
-                raise FieldError("columns", f"{column!r} needs [slo] targets (ttft_ms, tpot_ms), and no run has "
-                                            "them: every row would show -")
+        for field, metrics in (("columns", self.columns), ("best", (self.best,)), ("differences", self.differences)):
+            for metric in metrics:
+                check_some_run_has(metric, studies, field)
         if self.baseline is None:
             return
         replicated = [s.name for s in studies if s.kind == "run" and s.replicas > 1]

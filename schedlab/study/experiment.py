@@ -496,7 +496,7 @@ def check_report_studies(config, studies: list[StudySpec], where: str) -> None:
     overlay's runs) against the file's studies, so that a misspelt one fails now, not after
     every simulation. A report's config class opts in with a method ``check_studies(studies)``
     that raises ConfigError or FieldError; each study has ``name``, ``kind`` ("run", "sweep",
-    "search" or "plan"), ``keys`` (swept or searched) and ``has_slo()`` (:class:`StudySpec`)."""
+    "search" or "plan"), ``keys`` (swept or searched), ``has_slo()`` and ``has_power()`` (:class:`StudySpec`)."""
     check = getattr(config, "check_studies", None)
     if check is None:
         return

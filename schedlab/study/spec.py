@@ -188,7 +188,15 @@ class StudySpec:
 
     def has_slo(self) -> bool:
         """Whether its runs have ``[slo]`` targets (so ``slo.*`` metrics), set or swept."""
-        return "slo" in self.base.tables or any(key.split(".")[0] == "slo" for key in self.keys)
+        return self._has_table("slo")
+
+    def has_power(self) -> bool:
+        """Whether its runs meter energy (a ``[power]`` table, so ``energy.*`` metrics), set or varied."""
+        return self._has_table("power")
+
+    def _has_table(self, table: str) -> bool:
+        space = self.plan.space if self.plan is not None else ()
+        return table in self.base.tables or any(key.split(".")[0] == table for key in (*self.keys, *space))
 
 
 def needs_slo(metric: str) -> bool:
@@ -197,13 +205,48 @@ def needs_slo(metric: str) -> bool:
     return parts[0] == "slo" or (parts[0] == "per_class" and parts[2:3] == ["slo"])
 
 
+#: metrics only a run that meters energy has (schedlab.energy; a plan's energy cost and kWh per hour too)
+ENERGY_METRICS = ("energy", "energy_cost_per_hour", "kwh_per_hour")
+
+
+def needs_power(metric: str) -> bool:
+    """Whether a metric exists only in runs with a ``[power]`` table: ``energy.*`` and
+    ``per_class.<class>.energy.*``, and a plan's ``energy_cost_per_hour`` and ``kwh_per_hour``."""
+    parts = metric.split(".")
+    return parts[0] in ENERGY_METRICS or (parts[0] == "per_class" and parts[2:3] == ["energy"])
+
+
+def metric_lacks(metric: str, study) -> str | None:
+    """What ``study``'s runs lack for ``metric`` to exist (``[slo] targets (ttft_ms, tpot_ms)``, ``a
+    [power] table``), or None when they have it or it needs nothing."""
+    if needs_slo(metric) and not study.has_slo():
+        return "[slo] targets (ttft_ms, tpot_ms)"
+    if needs_power(metric) and not study.has_power():
+        return "a [power] table (only runs with one meter energy)"
+    return None
+
+
+def check_some_run_has(metric: str | None, studies, field: str) -> None:
+    """Raise FieldError(``field``) when ``metric`` needs ``[slo]`` targets or a ``[power]`` table and
+    no study of ``studies`` has them: a report's column, bar or best run drawn from it would be
+    empty in every run."""
+    from ..configs import FieldError
+
+    studies = list(studies)
+    lacks = [need for s in studies if metric and (need := metric_lacks(metric, s))]
+    if studies and len(lacks) == len(studies):
+        raise FieldError(field, f"{metric!r} needs {lacks[0]}, and no run has "
+                                f"{'them' if 'targets' in lacks[0] else 'one'}: every run would show -")
+
+
 def check_slo(metric: str, studies, what: str) -> None:
-    """Raise ConfigError when ``metric`` needs ``[slo]`` targets and a study of ``studies`` has none
-    (the metric would be absent from all its runs: a silent ``-`` or NaN)."""
-    lacking = [s.name for s in studies if needs_slo(metric) and not s.has_slo()]
+    """Raise ConfigError when ``metric`` needs ``[slo]`` targets or a ``[power]`` table and a study of
+    ``studies`` has none (the metric would be absent from all its runs: a silent ``-`` or NaN)."""
+    lacking = [(s.name, need) for s in studies if (need := metric_lacks(metric, s))]
     if lacking:
-        runs = f"run {lacking[0]!r} has" if len(lacking) == 1 else f"runs {', '.join(map(repr, lacking))} have"
-        raise ConfigError(f"{what}: {metric!r} needs [slo] targets (ttft_ms, tpot_ms), and {runs} none")
+        names = [name for name, _ in lacking]
+        runs = f"run {names[0]!r} has" if len(names) == 1 else f"runs {', '.join(map(repr, names))} have"
+        raise ConfigError(f"{what}: {metric!r} needs {lacking[0][1]}, and {runs} none")
 
 
 def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
