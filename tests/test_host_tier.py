@@ -207,6 +207,24 @@ def test_bad_host_settings_are_one_line_errors(table, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("kv, message", [
+    ('kind = "paged"\nprefix_caching = true\nhost_memory_gib = 1\n',
+     "host_memory_gib: counts blocks of bytes_per_block bytes, and bytes_per_block = 0: give host_blocks instead"),
+    ('kind = "radix"\nhost_memory_gb = 1\n',
+     "host_memory_gb: counts blocks of bytes_per_block bytes, and bytes_per_block = 0: give host_blocks instead"),
+    ('kind = "paged"\nswap_space_gib = 1\n',
+     "swap_space_gib: counts blocks of bytes_per_block bytes, and bytes_per_block = 0: give swap_blocks instead")])
+def test_a_size_in_bytes_with_blocks_of_0_bytes_is_an_error_not_a_division_by_zero(validated, kv, message):
+    """KV review s79: bytes_per_block = 0 (copies that take no time) beside model and gpu and a host tier in
+    GiB / GB raised ZeroDivisionError; swap space had a FieldError."""
+    code, err, _ = validated('[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\n'
+                             'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 3}\n'
+                             '[kv_cache]\nmodel = "llama-3-8b"\ngpu = "a100-40gb"\nbytes_per_block = 0\n' + kv)
+    assert code == 2
+    assert err.strip().endswith(f"[kv_cache]: {message} (or bytes_per_block > 0)"), err
+    assert "\n" not in err.strip()
+
+
 def test_a_host_tier_smaller_than_a_block_is_an_error_from_the_cli(validated):
     code, err, _ = validated('[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\n'
                              'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 3}\n'

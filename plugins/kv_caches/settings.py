@@ -151,6 +151,17 @@ def check_timed_transfers(config: PoolConfig, sizing, key: str) -> None:
                               "transfers take no time), or model and gpu to derive it")
 
 
+def check_bytes_per_block(config: PoolConfig, bytes_per_block: int, key: str, in_blocks: str) -> None:
+    """A size in bytes (``key``) is a count of blocks only when blocks have a size: FieldError when
+    ``bytes_per_block`` (given, or derived) is 0; ``in_blocks`` is the size in blocks instead."""
+    if bytes_per_block:
+        return
+    if config.bytes_per_block == 0:  # (0 on purpose: copies that take no time, but then no size in bytes)
+        raise FieldError(key, f"counts blocks of bytes_per_block bytes, and bytes_per_block = 0: give {in_blocks} "
+                              "instead (or bytes_per_block > 0)")
+    raise FieldError(key, "needs bytes_per_block, or model and gpu to derive it")
+
+
 def link_of(config: PoolConfig, sizing) -> tuple[int, float]:
     """``(bytes_per_block, host_link_gbps)``: given, else from the presets, else 0 and 25 GB/s."""
     bytes_per_block = config.bytes_per_block
@@ -180,6 +191,10 @@ def host_tier(config: PoolConfig, sizing, parallelism: Parallelism = SINGLE, num
         check_timed_transfers(config, sizing, "host_blocks")
     bytes_per_block, link = link_of(config, sizing)
     blocks = config.host_blocks
+    sized = "host_memory_gib" if config.host_memory_gib else \
+        "host_memory_gb" if isinstance(config, RadixConfig) and config.host_memory_gb and blocks is None else None
+    if sized:
+        check_bytes_per_block(config, bytes_per_block, sized, "host_blocks")
     if config.host_memory_gib:
         ranks = config.tensor_parallel * parallelism.pipeline_parallel
         blocks = int(config.host_memory_gib * GIB // (bytes_per_block * ranks))
@@ -244,8 +259,7 @@ def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SI
         check_timed_transfers(config, sizing, "swap_blocks")
     window = sizing.window if sizing is not None else None
     if config.swap_space_gib:
-        if not bytes_per_block:
-            raise FieldError("swap_space_gib", "needs bytes_per_block, or model and gpu to derive it")
+        check_bytes_per_block(config, bytes_per_block, "swap_space_gib", "swap_blocks")
         swap_blocks = int(config.swap_space_gib * GIB // bytes_per_block)
     if config.prefix_caching:
         from .prefix import PrefixKVCache
