@@ -74,8 +74,8 @@ def shared(rid, prompt, output=4):
 
 
 def test_gpu_evictions_go_to_the_host_and_a_gpu_miss_reloads_from_there():
-    # B=4, 4 GPU blocks, 3 host blocks.
-    host = HostTier(3)
+    # B=4, 4 GPU blocks, 8 host blocks.
+    host = HostTier(8)
     cache = PrefixKVCache(4, 4, host=host)
     a = shared(0, 9)
     admit(cache, a)
@@ -93,14 +93,42 @@ def test_gpu_evictions_go_to_the_host_and_a_gpu_miss_reloads_from_there():
     assert cache.blocks_needed(c, 2, cached_tokens=8) == 3      # 2 loaded + 1 computed, all fresh
     assert admit(cache, c) == 8
     assert host.loaded == 2
-    assert host.lru_keys() == [G(3), G(7)]                      # loaded in order: g7 now the most recent
-    assert {k: cache.ref_count(k) for k in cache.cached_keys()} == {G(3): 1, G(7): 1}
+    # loaded in order (g7 now the most recent), then the 3 fresh blocks evicted b's own full blocks from
+    # the GPU, last first (b kept their keys when it left, as vLLM hashes them): written back to the host
+    R = lambda j: ("r", 1, j)  # noqa: E731
+    assert host.lru_keys() == [G(3), G(7), R(3), R(2), R(1)] and host.stored == 5
+    assert {k: cache.ref_count(k) for k in cache.cached_keys()} == {G(3): 1, G(7): 1, R(0): 0}
     assert cache.num_free_blocks() == 1
     cache.check_invariants()
-    # once on the GPU again, a hit is a GPU hit: nothing more is loaded
+    # once on the GPU again, a hit is a GPU hit: nothing more is loaded (the fresh block evicts b's first)
     d = shared(3, 12)
     assert admit(cache, d) == 8 and host.loaded == 2
+    assert host.lru_keys() == [G(3), G(7), R(3), R(2), R(1), R(0)]
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_finished_requests_own_blocks_fill_the_tier_as_vllms_connector_stores_them(engine):
+    """KV review s79: vLLM's OffloadingConnector stores every full block a request computes, its own prompt
+    tail and output too, so a request of unique content pushes a shared prefix out of a small tier; the
+    paged tier copied only blocks with a shared identity, and served a hit vLLM would have lost."""
+    host = HostTier(2, bytes_per_block=2 * 2 ** 20, link_gbps=4.194304, latency_us=10.0,
+                    write_policy="write_through")
+    kv = PrefixKVCache(3, 4, host=host, bytes_per_block=2 * 2 ** 20, host_link_gbps=4.194304)
+    requests = [
+        Request(0, 0.0, 8, 1, prefix_group="A", prefix_tokens=8),    # 2 shared blocks, copied as computed
+        Request(1, 10.0, 12, 1),                                     # 3 blocks of its own: the GPU's 3
+        Request(2, 20.0, 9, 1, prefix_group="A", prefix_tokens=8),   # the shared prefix again
+    ]
+    scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=1, allocation="grow"))
+    result = run_engine(requests, scheduler, LinearCostModel(COST), kv, engine=engine)
+    assert result.metrics["rejected"] == 0
+    # request 1's 3 blocks go to the 2-block tier as it leaves, pushing A's 2 out: request 2 finds nothing
+    # in either tier, computes its 9 tokens, and copies A's 2 blocks again
+    assert result.requests["first_token_ms"][2] - 20.0 == pytest.approx(9 * 0.5)
+    assert result.metrics["prefix_cache"]["host_hits"] == 0
+    assert result.counters["host_store_blocks"] == 2 + 3 + 2
+    assert host.lru_keys() == [("g", "A", 3), ("g", "A", 7)]
 
 
 def test_a_hit_continues_on_the_host_after_a_gpu_miss_block_by_block():
@@ -252,6 +280,11 @@ class HostShadow(Shadow):
         self.index_of_key = {}    # key -> block index (own keys carry theirs; a key names one position)
         self.stores = self.drops = self.loads = 0
         self.gpu_evicted = []     # every identified key the GPU evicted, in order
+
+    def release(self, name, seq, preempted=False):
+        # beside a host tier a request's own full blocks keep their ("r", id, j) keys when it leaves,
+        # as when it is preempted: vLLM's connector stores every full block (KV review s79)
+        super().release(name, seq, preempted=True)
 
     def _host_find(self, request, j):
         k = spec_key(request, j, self.bs)
@@ -493,9 +526,10 @@ def test_a_host_hit_costs_its_reload_in_the_admitting_iteration(engine, kind):
     assert ttft[1] == pytest.approx(15 * 0.5)                     # 7.5 ms
     assert ttft[2] == pytest.approx(2 * 0.5 + 2 * 0.5 + 0.010)    # 2 tokens + 2 blocks reloaded: 2.01 ms
     assert ttft[3] == pytest.approx(4 * 0.5)                      # 4 tokens, the prefix on the GPU: 2 ms
-    # vLLM's pool keeps no key for request 1's own blocks; SGLang's tree caches its 3 full blocks
-    # when it finishes, and evicts them to the host to make room for request 2
-    stored = {"paged": [], "radix": [("r", 1, 2), ("r", 1, 1), ("r", 1, 0)]}[kind]
+    # both caches keep request 1's 3 full blocks when it finishes (SGLang's tree inserts them; vLLM's pool
+    # hashes them, and its connector stores every full block) and write them back to the host as the GPU
+    # evicts them for requests 2 and 3 (vLLM's pool kept no key for them before the KV review of s79)
+    stored = [("r", 1, 2), ("r", 1, 1), ("r", 1, 0)]
     assert host.lru_keys() == [("g", "s", 3), ("g", "s", 7)] + stored
     c = result.counters
     assert (c["host_hits"], c["host_load_blocks"], c["host_store_blocks"]) == (8, 2, 2 + len(stored))

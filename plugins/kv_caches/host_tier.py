@@ -7,7 +7,8 @@ prefix-cache identities (vLLM 0.33 ``v1/kv_offload``, SGLang ``HostKVCache``), a
   ``OffloadingConnector``, which ``--kv-offloading-size`` selects, stores every computed block,
   ``offloading/scheduler.py`` ``_build_store_jobs``; SGLang's default ``--hicache-write-policy``
   backs a node up when it is inserted): a block is copied when it gets its identity, so the
-  tier holds copies of GPU blocks and a GPU eviction copies nothing;
+  tier holds copies of GPU blocks and a GPU eviction copies nothing (a request's own full blocks
+  -- its unique prompt tail, its output -- too: the paged cache copies them when it leaves);
   ``"write_back"`` (this class's own default; SGLang's ``write_back``, vLLM's
   ``SimpleCPUOffloadConnector`` with ``lazy_offload`` roughly): a block is copied when the GPU
   pool evicts it. A block whose key is already held is not copied again and keeps its place;

@@ -579,10 +579,15 @@ class PrefixKVCache(PagedKVCache):
         """:meth:`_release`'s own blocks (vLLM's rules); returns how many leave use. Blocks that are
         not full (the partial last block, reserved room) have no hash: they go to the head of the
         free queue and are reused first, so cached blocks live longer (vLLM 0.33
-        BlockPool.free_blocks). Full blocks go to the tail, last block first."""
+        BlockPool.free_blocks). Full blocks go to the tail, last block first. The request's own full
+        blocks (its unique prompt tail, its output) keep their ``("r", id, j)`` identity when a
+        preempted request may find them again, and beside a host tier, which holds them as vLLM's
+        connector does (it stores every full block: write-through copies them now, as the request
+        leaves -- vLLM as each fills, which bulk decode steps do not track --, write-back when the GPU
+        evicts them); otherwise they are an anonymous run in the same place."""
         queue = self._queue
         self._push_run(held - max(full, known), front=True)
-        if preempted:
+        if preempted or self.host is not None:
             rid = seq.request.id
             added = False
             window = self.window is not None
