@@ -282,3 +282,19 @@ def test_a_space_that_varies_the_load_is_warned_about(tmp_path):
     with pytest.warns(InputWarning, match=r"\[plan.space\]: workload.rate varies the load, so the cheapest deployment "
                                           r"is taken across loads"):
         plan_of(tmp_path, text)
+
+
+def test_a_cheapest_deployment_whose_run_may_be_overloaded_says_so(tmp_path):
+    """Capacity review s79 (high): a plan recommended one A100 for 31 req/s where its run measured a capacity of
+    12.4/s. Here 60 requests at 40/s: one instance's queue grows, too briefly for a verdict of 'unstable'; the
+    message says so beside the answer; at 8/s (stable) it says nothing of it."""
+    constraint = 'constraints = ["finished >= 1"]\n'
+    loaded = plan_of(tmp_path, BASE.replace("rate = 8.0", "rate = 40.0") + constraint)
+    assert loaded.plan.cheapest["instances"] == 1
+    verdict = {run.point["cluster.instances"]: run.metrics["stability"]["verdict"] for run in loaded.runs}
+    assert verdict[1] == "inconclusive"
+    assert re.search(r"; at the cheapest the run is inconclusive: waiting grows .* \(arrivals 36.9/s\): if it is "
+                     r"overloaded, its percentiles say how long the run lasted, not what the server sustains \(more "
+                     r"requests would show it\)$", loaded.plan.message), loaded.plan.message
+    calm = plan_of(tmp_path, BASE + constraint)
+    assert calm.plan.cheapest["instances"] == 1 and "at the cheapest the run" not in calm.plan.message

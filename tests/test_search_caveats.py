@@ -121,6 +121,27 @@ def test_replicated_counts_are_means_and_are_checked_too():
     assert "at the answer up to 30.5 of 40 requests ran at once" in text
 
 
+UNSTABLE = {"verdict": "unstable", "reason": "waiting grows 180 requests/min", "arrival_rps": 16.5,
+            "capacity_rps": 13.4}
+
+
+@pytest.mark.parametrize("stability, said", [
+    (UNSTABLE, "at the answer the run is unstable: waiting grows 180 requests/min (arrivals 16.5/s, capacity "
+               "13.4/s): its percentiles say how long the run lasted, not what the server sustains (more requests "
+               "would show it)"),
+    (dict(UNSTABLE, verdict="inconclusive", reason="too short to tell"),
+     "at the answer the run is inconclusive: too short to tell (arrivals 16.5/s, capacity 13.4/s): if it is "
+     "overloaded, its percentiles say how long the run lasted, not what the server sustains (more requests would "
+     "show it)"),
+    ({"verdict": "stable", "reason": "waiting flat"}, "")])
+def test_an_answer_whose_run_is_overloaded_says_so(stability, said):
+    """Capacity review s79 (high): 150 requests a probe certified 17.75 req/s where the run's own stability line
+    put capacity at 13.4/s -- the answer's caveats never read the verdict the table marks with '!'."""
+    outcome = _found(_run({"requests": 150, "finished": 150, "rejected": 0, "timed_out": 0, "aborted": 0,
+                           "peak_running": 16, "ttft_ms": {"p99": 150.0}, "stability": stability}), None)
+    assert answer_caveats(outcome, TTFT) == said
+
+
 def test_a_real_run_with_a_client_timeout_says_how_many_timed_out(tmp_path):
     """40 requests at once, each needing 200 prompt tokens and 30 decode steps of >= 8 ms on the
     linear cost model, 4 at a time: the later ones wait past the client's 300 ms and give up."""

@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from ..results.metrics import client_latencies, completed, measured_requests, request_latencies, warmup_count
-from ..results.stability import MIN_REQUESTS
+from ..results.stability import MIN_REQUESTS, stability_text
 
 
 #: a run that held at least this share of its requests at once never settled (see answer_caveats)
@@ -39,6 +39,7 @@ _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", 
 def answer_caveats(outcome, constraints, key: str | None = None) -> str:
     """What to know about the answer's run before trusting it, or '':
 
+    * a run :mod:`schedlab.results.stability` finds overloaded, or cannot clear (:func:`overload_note`);
     * requests it turned away, or whose clients gave up (timed out; aborted by the engine):
       percentiles count finished ones only, so a server that fails more looks faster -- unless a
       constraint counts them (on ``rejected``/``timed_out``/``aborted``/``finished``, or
@@ -63,6 +64,7 @@ def answer_caveats(outcome, constraints, key: str | None = None) -> str:
     notes = []
     metrics = getattr(answer, "metrics", None)
     if isinstance(metrics, dict):
+        notes += [note] if (note := overload_note(metrics, "at the answer")) else []
         notes += _failed_requests_notes(metrics, constraints, answer)
         requests, peak = metrics.get("requests"), metrics.get("peak_running")
         if _count(peak) and _count(requests) and requests >= MIN_REQUESTS and peak >= UNSETTLED_SHARE * requests:
@@ -75,6 +77,20 @@ def answer_caveats(outcome, constraints, key: str | None = None) -> str:
         if note:
             notes.append(note)
     return "; ".join(notes)
+
+
+def overload_note(metrics: dict, where: str) -> str:
+    """``at the answer the run is unstable: waiting grows ... (arrivals 16.5/s, capacity 13.4/s):
+    ...`` for a run :mod:`schedlab.results.stability` finds overloaded (or whose growth it cannot
+    rule out), else '': an overloaded server's percentiles say how long the run lasted, so a short run
+    can pass a constraint far past capacity (a search's answer, a plan's cheapest deployment)."""
+    text = stability_text(metrics.get("stability"))
+    verdict = text.split(":", 1)[0]
+    if verdict not in ("unstable", "inconclusive"):
+        return ""
+    its = "its" if verdict == "unstable" else "if it is overloaded, its"
+    return (f"{where} the run is {text}: {its} percentiles say how long the run lasted, not what the server "
+            "sustains (more requests would show it)")
 
 
 def _probe_run(outcome, value):

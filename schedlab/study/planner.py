@@ -71,6 +71,7 @@ from ..results.metrics import LATENCY_NAMES, metric_at
 from ..results.records import RunResult, Study
 from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
+from .caveats import overload_note
 from .search import max_search_probes, parse_constraint
 from .spec import RUN_TABLES, check_slo, needs_slo
 from .simulation import Assembled, RunSpec, assemble
@@ -753,9 +754,10 @@ class PlanDriver:
                 "gpu_hours_per_hour": probe.value * candidate.gpus_per_instance,
                 "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)), "meets": probe.holds, **hourly}
 
-    def _found_message(self, cheapest: dict, deployments: list, attainment: dict, grid: int) -> str:
+    def _found_message(self, cheapest: dict, deployments: list, attainment: dict, grid: int, runs: dict) -> str:
         """``cheapest deployment with ...: ... at $2.58/h, slo.attainment 0.995; 40 of 288 deployments
-        simulated``, with what limits it (min_instances) and whether a constraint was not monotone."""
+        simulated``, with whether its run is overloaded (``runs``: name -> run), what limits it
+        (min_instances) and whether a constraint was not monotone."""
         p = cheapest["point"]
         rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
         found = next(d for d in deployments if d["run"] == cheapest["run"])
@@ -770,6 +772,8 @@ class PlanDriver:
                    f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}{energy}, "
                    f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}{tokens}; "
                    f"{len(deployments)} of {grid} deployments simulated")
+        if overload := overload_note(runs[cheapest["run"]].metrics, "at the cheapest"):
+            message += f"; {overload}"
         fewest = self.cfg.min_instances
         if cheapest["instances"] == fewest > self._lowest_min():
             message += f"; {self._min_hint()}"
@@ -801,7 +805,7 @@ class PlanDriver:
         frontier = tuple(pareto([(d["cost"], d["attainment"], d["run"]) for d in deployments]))
         grid = len(self.all) * (self.cfg.max_instances - self.cfg.min_instances + 1)
         message = (self._none_met(reached) if cheapest is None else
-                   self._found_message(cheapest, deployments, attainment, grid))
+                   self._found_message(cheapest, deployments, attainment, grid, {run.name: run for run in runs}))
         targets = [c.threshold for c in self.constraints if c.metric == self.cfg.attainment and c.op in (">=", ">")]
         outcome = PlanOutcome(self.cfg.constraint_text, self.cfg.attainment, max(targets, default=None),
                               tuple(entries), cheapest,
