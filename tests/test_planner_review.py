@@ -298,3 +298,39 @@ def test_a_cheapest_deployment_whose_run_may_be_overloaded_says_so(tmp_path):
                      r"requests would show it\)$", loaded.plan.message), loaded.plan.message
     calm = plan_of(tmp_path, BASE + constraint)
     assert calm.plan.cheapest["instances"] == 1 and "at the cheapest the run" not in calm.plan.message
+
+
+@pytest.mark.parametrize("setting, message", [
+    ('constraints = ["cost_per_mtok <= 1"]',
+     "[plan]: constraints: 'cost_per_mtok' is the plan's own price of a deployment, computed once the constraints "
+     "have chosen it, so it cannot be one of them"),
+    ('constraints = ["kwh_per_hour <= 1"]', "[plan]: constraints: 'kwh_per_hour' is the plan's own price"),
+    ('constraints = ["finished >= 1"]\nattainment = "ttft_ms.p99"',
+     "[plan]: attainment: the frontier's metric is one where higher is better, and 'ttft_ms.p99' is a time, lower "
+     "is better"),
+    ('constraints = ["finished >= 1"]\nattainment = "energy.j_per_token"',
+     "[plan]: attainment: the frontier's metric is one where higher is better, and 'energy.j_per_token' is a count "
+     "of failures or a cost, lower is better")])
+def test_a_plan_constraint_on_its_own_price_or_a_lower_is_better_frontier_is_refused_when_read(tmp_path, setting,
+                                                                                                message):
+    """Capacity review s79: a constraint on the plan's own price passed validate, then failed after simulating
+    with no file or table ('no metric cost_per_mtok'); a latency as the frontier's metric drew it upside down."""
+    (tmp_path / "p.toml").write_text(BASE + setting + "\n")
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path / "p.toml")
+    assert f"p.toml: {message}" in str(err.value)
+
+
+@pytest.mark.parametrize("constraint, need", [
+    ("energy.j_per_token <= 1", "a [power] table (only runs with one meter energy)"),
+    ("cost_per_hour <= 3", "a [plan] (only a plan prices the deployments it simulates)")])
+def test_a_search_constraint_no_run_has_is_refused_when_read(tmp_path, constraint, need):
+    """Capacity review s79: both passed validate and failed after the first probe, naming no file or table."""
+    text = BASE.split("[power]")[0].replace('model = "llama-3-8b"\n', 'model = "llama-3-8b"\ngpu = "a100-40gb"\n') \
+        + f'[search]\nkey = "workload.rate"\nlow = 1.0\nhigh = 8.0\ntolerance = 1.0\n' \
+        f'constraint = "{constraint}"\n'
+    (tmp_path / "s.toml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path / "s.toml")
+    assert str(err.value).endswith(f"s.toml: [search]: constraint: '{constraint.split()[0]}' needs {need}, and run "
+                                   "'small' has none"), str(err.value)

@@ -73,11 +73,14 @@ from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
 from .caveats import overload_note
 from .search import max_search_probes, parse_constraint
-from .spec import RUN_TABLES, check_slo, needs_slo
+from .spec import PLAN_METRICS, RUN_TABLES, check_slo, needs_slo
 from .simulation import Assembled, RunSpec, assemble
 from .sweep import expand_grid, grid_axes, grid_size, point_label
 
 INSTANCES_KEY = "cluster.instances"
+#: metrics where less is better besides times (``*_ms``): not a frontier's quality (``[plan] attainment``)
+LOWER_BETTER = frozenset({"rejected", "timed_out", "aborted", "num_preemptions", "requeues", "j_per_token",
+                          "j_per_request", "gpu_hours"})
 COST_METRIC = "cost_per_hour"  # added to the metrics of every deployment a plan simulates
 KWH_METRIC = "kwh_per_hour"    # and, in a run with [power], its facility energy per hour of serving
 ENERGY_COST_METRIC = "energy_cost_per_hour"
@@ -146,6 +149,13 @@ class PlanConfig:
                     check_metric_name(metric)
                 except ConfigError as exc:
                     raise FieldError(name, str(exc)) from None
+        lower_is_better = [part for part in self.attainment.split(".") if part.endswith("_ms") or part in LOWER_BETTER]
+        if lower_is_better:  # (the frontier keeps the highest: a latency's would be the worst deployments)
+            what = "a time" if lower_is_better[0].endswith("_ms") else "a count of failures or a cost"
+            raise FieldError("attainment", f"the frontier's metric is one where higher is better, and "
+                                           f"{self.attainment!r} is {what}, lower is better; constrain it instead "
+                                           "(e.g. 'ttft_ms.p99 <= 2000') and keep attainment a share or rate, such "
+                                           "as slo.attainment or throughput_tps")
         if any(tp < 1 for tp in self.tensor_parallel) or not self.tensor_parallel:
             raise FieldError("tensor_parallel", f"must be whole numbers >= 1, got {list(self.tensor_parallel)}")
         if any(tp > MAX_TENSOR_PARALLEL for tp in self.tensor_parallel):
@@ -425,9 +435,13 @@ def validate(study, ctx, where: str) -> None:
     cluster = study.base.tables.get("cluster")
     if isinstance(cluster, dict) and isinstance(cluster.get("autoscaler"), dict):
         _check_autoscaled_plan(study.plan, cluster["autoscaler"], where)
-    if not any(k.split(".")[0] == "slo" for k in study.plan.space):  # (a space may set the targets)
-        for text in study.plan.constraints:  # a metric no run has would fail every deployment
-            check_slo(parse_constraint(text).metric, [study], f"{where} [plan]: constraints")
+    for text in study.plan.constraints:  # a metric no run has would fail every deployment
+        metric = parse_constraint(text).metric
+        if metric.split(".")[0] in PLAN_METRICS:
+            raise ConfigError(f"{where} [plan]: constraints: {metric!r} is the plan's own price of a deployment, "
+                              "computed once the constraints have chosen it, so it cannot be one of them (the plan "
+                              "picks the cheapest deployment that meets them)")
+        check_slo(metric, [study], f"{where} [plan]: constraints")   # (a space may set the targets)
     _warn_attainment_without_slo(study, where)
     _warn_energy_price_without_power(study, where)
     _warn_demand_in_space(study, where)

@@ -216,9 +216,15 @@ def needs_power(metric: str) -> bool:
     return parts[0] in ENERGY_METRICS or (parts[0] == "per_class" and parts[2:3] == ["energy"])
 
 
+#: metrics a plan adds to each deployment it simulates, after its constraints are checked (schedlab.study.planner)
+PLAN_METRICS = ("cost_per_hour", "cost_per_mtok", "kwh_per_hour", "energy_cost_per_hour")
+
+
 def metric_lacks(metric: str, study) -> str | None:
     """What ``study``'s runs lack for ``metric`` to exist (``[slo] targets (ttft_ms, tpot_ms)``, ``a
-    [power] table``), or None when they have it or it needs nothing."""
+    [power] table``, ``a [plan]``), or None when they have it or it needs nothing."""
+    if metric.split(".")[0] in PLAN_METRICS and study.kind != "plan":
+        return "a [plan] (only a plan prices the deployments it simulates)"
     if needs_slo(metric) and not study.has_slo():
         return "[slo] targets (ttft_ms, tpot_ms)"
     if needs_power(metric) and not study.has_power():
