@@ -1090,6 +1090,52 @@ def test_fixed_active_below_idle_is_refused():
     assert model.active_w > model.idle_w
 
 
+def test_power_a_gpu_cannot_draw_is_refused_and_power_past_the_board_warned_of():
+    """Energy review s79: a table of 10-20 W beside an idle 84 W, a standby of 10 W or 5 kW, and 2,000 W on a 700 W
+    board ran without a word (fixed_active already refused active below idle)."""
+    from schedlab.errors import InputWarning
+    from schedlab_plugins.power.fixed_active import build_fixed_active
+
+    h100 = RooflineCostModel(PRESETS.model("llama-3.1-8b"), PRESETS.gpu("h100-80gb"),
+                             RooflineConfig(model="llama-3.1-8b", gpu="h100-80gb"))
+    idle = build_table(TableConfig(points=[[1, 200]]), PRESETS, h100).idle_w
+    with pytest.raises(ConfigError, match=rf"points: a busy GPU draws 10 W at 1, below its idle power {idle:g} W"):
+        build_table(TableConfig(points=[[1, 10], [64, 20]]), PRESETS, h100)
+    with pytest.raises(ConfigError, match=r"points: a busy GPU draws 300 W at 1, below its idle power 900 W"):
+        build_table(TableConfig(points=[[1, 300]], idle_w=900, standby_w=950), PRESETS, h100)
+    with pytest.raises(ConfigError, match=r"standby_w \(50 W\) is below the idle power \(60 W\)"):
+        build_table(TableConfig(points=[[1, 300]], idle_w=60, standby_w=50), PRESETS, h100)
+    with pytest.warns(InputWarning, match=r"points: 2000 W at 1 is past the GPU's board limit of 700 W"):
+        build_table(TableConfig(points=[[1, 2000]]), PRESETS, h100)
+    for standby in (10.0, 5000.0):
+        with pytest.raises(ConfigError, match=rf"standby_w \({standby:g} W\) must lie between idle \({idle:g} W\) "
+                                              r"and active \(700 W\)"):
+            build_fixed_active(FixedActiveConfig(standby_w=standby), PRESETS, h100)
+
+
+def test_a_power_table_naming_other_hardware_than_the_cost_model_is_warned_of(recwarn):
+    """Energy review s79: [power] gpu = "l4" under an H100 cost model (or an H100 fit), or tensor_parallel = 8 under
+    one GPU, metered energy for other hardware than the timing and GPU-hours, without a word."""
+    from schedlab.errors import InputWarning
+
+    h100 = RooflineCostModel(PRESETS.model("llama-3.1-8b"), PRESETS.gpu("h100-80gb"),
+                             RooflineConfig(model="llama-3.1-8b", gpu="h100-80gb"))
+    with pytest.warns(InputWarning, match=r"\[power\] gpu is 'l4', and the cost model times the steps on "
+                                          r"'h100-80gb': the energy is metered for another GPU than the timing"):
+        build_utilisation(UtilisationConfig(gpu="l4"), PRESETS, h100)
+    with pytest.warns(InputWarning, match=r"the fit's GPU \(mlenergy-v3-b200-qwen3-8b\) is 'b200', and the cost "
+                                          r"model times the steps on 'h100-80gb'"):
+        build_table(TableConfig(fit="mlenergy-v3-b200-qwen3-8b"), PRESETS, h100)
+    with pytest.warns(InputWarning, match=r"\[power\] tensor_parallel = 8 meters 8 GPUs an instance, and the cost "
+                                          r"model spreads it over 1"):
+        assert build_utilisation(UtilisationConfig(tensor_parallel=8), PRESETS, h100).tp == 8
+    recwarn.clear()
+    # the same GPU by its alias, or the layout's GPUs a rank (not the table's): nothing to say
+    build_utilisation(UtilisationConfig(gpu="h100-80gb"), PRESETS, h100)
+    assert build_utilisation(UtilisationConfig(), PRESETS, h100, 2).tp == 2
+    assert [str(w.message) for w in recwarn if issubclass(w.category, InputWarning)] == []
+
+
 def test_fixed_active_defaults_on_the_a6000_are_llmservingsims_fitted_node():
     """LLMServingSim 2.0's A6000 node: idle 33 W, standby 89 W for 18 s, active 300 W (its
     power_config_tp*.json). Standby defaulted to idle, which left its standby level out."""

@@ -125,22 +125,41 @@ def warn_clock_unread(cost_model, kind: str, reads: str) -> None:
                   "clock's power factors", InputWarning, stacklevel=3)
 
 
-def resolve_gpu(name: str | None, cost_model, presets: Presets | None, kind: str) -> GpuSpec:
-    """The GPU preset the power table names, else the one the instance's cost model uses."""
-    name = name or cost_setting(cost_model, "gpu")
+def resolve_gpu(name: str | None, cost_model, presets: Presets | None, kind: str,
+                what: str = "[power] gpu") -> GpuSpec:
+    """The GPU preset the power table names, else the one the instance's cost model uses; an
+    :class:`InputWarning` when both name one and they differ (``what`` names the table's: energy
+    metered for another GPU than the one the steps are timed on is neither's)."""
+    timed = cost_setting(cost_model, "gpu")
+    name = name or timed
     if name is None:
         raise ConfigError(f"the {kind} power model needs the GPU: set gpu = \"...\" in [power] (the cost model "
                           "names none)")
     if presets is None:
         raise ConfigError(f"the {kind} power model needs the GPU presets to look up {name!r}")
-    return presets.gpu(name)
+    gpu = presets.gpu(name)
+    if timed is not None and name != timed and presets.gpu(timed).name != gpu.name:
+        advice = ("a fit holds what one GPU drew: take one of the cost model's GPU, or give points"
+                  if what.startswith("the fit") else "leave gpu out of [power] to take the cost model's")
+        warnings.warn(f"{what} is {gpu.name!r}, and the cost model times the steps on {presets.gpu(timed).name!r}: "
+                      f"the energy is metered for another GPU than the timing ({advice})", InputWarning, stacklevel=2)
+    return gpu
 
 
-def resolve_tp(value: int | None, cost_model) -> int:
-    """GPUs of the instance: the power table's tensor_parallel, else the cost model's, else 1."""
-    if value is not None:
-        return value
-    return int(cost_setting(cost_model, "tensor_parallel") or 1)
+def resolve_tp(table_value: int | None, cost_model, layout_value: int | None = None) -> int:
+    """GPUs of the instance: the power table's tensor_parallel, else the layout's (the assembly's
+    for a rank or a stage), else the cost model's, else 1; an :class:`InputWarning` when the table's
+    and the cost model's differ (GPU-hours count the cost model's)."""
+    timed = cost_setting(cost_model, "tensor_parallel")
+    if table_value is not None:
+        if timed is not None and int(timed) != table_value:
+            warnings.warn(f"[power] tensor_parallel = {table_value} meters {table_value} GPUs an instance, and the "
+                          f"cost model spreads it over {int(timed)} (GPU-hours count those): leave tensor_parallel "
+                          "out of [power] to take the cost model's", InputWarning, stacklevel=2)
+        return table_value
+    if layout_value is not None:
+        return layout_value
+    return int(timed or 1)
 
 
 def board_and_idle(gpu: GpuSpec, board_w: float | None, idle_w: float | None, kind: str) -> tuple[float, float, str]:

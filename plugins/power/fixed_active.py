@@ -78,7 +78,7 @@ class FixedActivePowerModel:
 
 def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None, cost_model=None,
                        tensor_parallel: int | None = None) -> FixedActivePowerModel:
-    tp = resolve_tp(config.tensor_parallel if config.tensor_parallel is not None else tensor_parallel, cost_model)
+    tp = resolve_tp(config.tensor_parallel, cost_model, tensor_parallel)
     if config.active_w is not None and config.idle_w is not None:
         active, idle, name = config.active_w, config.idle_w, config.gpu or ""
         board = active   # (the board limit, where no GPU preset names it: what a busy GPU draws here)
@@ -100,6 +100,10 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
     if active < idle:  # (found by fuzzing: taken as given, a busy GPU drew less than an idle one)
         raise ConfigError(f"active_w ({active:g} W) is below idle_w ({idle:g} W): a GPU draws more running a kernel "
                           "than idle; set active_w to at least idle_w")
+    if not idle <= standby <= active:  # (energy review s79: 10 W or 5 kW of standby were taken as given)
+        raise ConfigError(f"standby_w ({standby:g} W) must lie between idle ({idle:g} W) and active ({active:g} W): "
+                          "a GPU that has just worked draws at least what an idle one does, and no more than a "
+                          "busy one")
     warn_clock_unread(cost_model, "fixed_active", "it draws active_w in every iteration")
     return FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle, gpu=name,
                                  host_ranks=host_ranks(cost_model, config))

@@ -13,6 +13,7 @@ read the SM clock, and with a ``[clock]`` below the highest a warning says so
 
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_right
 
 import attrs
@@ -20,7 +21,7 @@ import attrs
 from schedlab.capacity import Presets
 from schedlab.configs import MAX_TENSOR_PARALLEL, FieldError, float_field, int_field, str_field
 from schedlab.engine.bulk import run_ms
-from schedlab.errors import ConfigError
+from schedlab.errors import ConfigError, InputWarning
 from schedlab.protocols import Batch
 
 from .common import PowerSettings, board_and_idle, host_fields, host_ranks, resolve_gpu, resolve_tp, warn_clock_unread
@@ -121,27 +122,49 @@ class TablePowerModel:
 
 def build_table(config: TableConfig, presets: Presets | None = None, cost_model=None,
                 tensor_parallel: int | None = None) -> TablePowerModel:
-    tp = resolve_tp(config.tensor_parallel if config.tensor_parallel is not None else tensor_parallel, cost_model)
+    tp = resolve_tp(config.tensor_parallel, cost_model, tensor_parallel)
     if config.fit is not None:
         fit = FITS[config.fit]
         points, by, source, gpu_name = fit["points"], config.by or fit["by"], fit["source"], config.gpu or fit["gpu"]
     else:
         points, by, source, gpu_name = config.points, config.by or "sequences", "power table", config.gpu
+    what = f"the fit's GPU ({config.fit})" if config.fit is not None and config.gpu is None else "[power] gpu"
+    board = None
     if config.idle_w is not None and config.standby_w is not None:
         idle, standby = config.idle_w, config.standby_w
+        if gpu_name is not None and presets is not None:  # (checked against the cost model's all the same)
+            board = resolve_gpu(gpu_name, cost_model, presets, "table", what).board_w
     else:
         try:
-            gpu = resolve_gpu(gpu_name, cost_model, presets, "table")
+            gpu = resolve_gpu(gpu_name, cost_model, presets, "table", what)
         except ConfigError as exc:
             raise ConfigError(f"{exc} (or set idle_w and standby_w)") from None
         board, idle, _ = board_and_idle(gpu, None, config.idle_w, "table")
         standby = (config.standby_w if config.standby_w is not None
                    else idle + DERIVATION["awake"] * (board - idle))
+    _check_watts(points, idle, standby, board)
     warn_clock_unread(cost_model, "table", "its power follows the batch's size only")
     if config.fit is not None and "cycle_ms" in FITS[config.fit]:
         _warn_slower_engine(config.fit, cost_model)
     return TablePowerModel(config, tp, points, by, idle_w=idle, standby_w=standby, source=source,
                            host_ranks=host_ranks(cost_model, config))
+
+
+def _check_watts(points, idle: float, standby: float, board: float | None) -> None:
+    """Refuse a busy GPU drawing less than an idle one, or a standby below idle (per GPU, as the
+    points are); warn of a point past the GPU's board limit (energy review s79: taken as given, a
+    table of 10-20 W beside an idle 84 W, or 2,000 W on a 700 W board, ran without a word)."""
+    low = min(points, key=lambda p: p[1])
+    if low[1] < idle:
+        raise ConfigError(f"points: a busy GPU draws {low[1]:g} W at {low[0]:g}, below its idle power {idle:g} W (W "
+                          "per GPU): a GPU draws more running kernels than idle; check the points, or set idle_w")
+    if standby < idle:
+        raise ConfigError(f"standby_w ({standby:g} W) is below the idle power ({idle:g} W): a GPU that has just "
+                          "worked draws at least what an idle one does")
+    high = max(points, key=lambda p: p[1])
+    if board is not None and high[1] > board:
+        warnings.warn(f"points: {high[1]:g} W at {high[0]:g} is past the GPU's board limit of {board:g} W "
+                      "(points are W per GPU)", InputWarning, stacklevel=3)
 
 
 def _warn_slower_engine(name: str, cost_model) -> None:

@@ -282,7 +282,7 @@ def build_utilisation(config: UtilisationConfig, presets: Presets | None = None,
     """Factory: the GPU and degree from the power table or the cost model; the work view from
     the cost model, or from a roofline of the model preset when the cost model has none."""
     gpu = resolve_gpu(config.gpu, cost_model, presets, "utilisation")
-    tp = resolve_tp(config.tensor_parallel if config.tensor_parallel is not None else tensor_parallel, cost_model)
+    tp = resolve_tp(config.tensor_parallel, cost_model, tensor_parallel)
     unsaid = find_member(cost_model, "unsaid_work")  # speculative decoding's drafter says no work
     if unsaid:
         raise ConfigError(f"the utilisation power model needs the bytes and FLOPs of each iteration: {unsaid}")
