@@ -523,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     130/143/129 when interrupted, terminated or hung up).
 
     In the main thread SIGINT, SIGTERM and SIGHUP end the command cleanly (see
-    :mod:`schedlab.interrupts`); after one of them all stay ignored, as the process is ending.
+    :mod:`schedlab.interrupts`); after one of them the program (``argv`` None: the ``schedlab``
+    command, ``python -m schedlab``) ignores them all, as the process is ending, while a call from
+    Python with ``argv`` gets its own handlers back (a notebook's Ctrl-C keeps working).
     """
     args = build_parser().parse_args(argv)
     closed = _closed_streams()
@@ -532,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     if "stdout" in closed:
         guard.error = OSError(errno.EBADF, "it is closed")
     try:
-        status = _main(args)
+        status = _main(args, ending=argv is None)
     finally:
         sys.stdout = stdout
     if isinstance(guard.error, BrokenPipeError):
@@ -546,9 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _main(args) -> int:
-    """:func:`main` with its arguments parsed."""
-    with SignalGuard():
+def _main(args, ending: bool = True) -> int:
+    """:func:`main` with its arguments parsed (``ending``: :class:`SignalGuard`'s)."""
+    with SignalGuard(ending):
         try:
             with warnings.catch_warnings():
                 warnings.showwarning = _one_line_warnings()

@@ -59,7 +59,11 @@ class SignalGuard:
     parent set to SIG_IGN (a background job's SIGINT) stay ignored.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ending: bool = True) -> None:
+        #: after a stop the process ends (the ``schedlab`` program): further signals stay ignored as it
+        #: tears down; False for a caller that goes on (``cli.main(argv)`` from Python, a notebook),
+        #: whose handlers come back as they were
+        self.ending = ending
         self.first: int | None = None
         self.seen = False
         self.previous: dict = {}
@@ -118,7 +122,7 @@ class SignalGuard:
             self.acknowledge()
             drop_signal_races()
         for sig, handler in self.previous.items():
-            if self.first is not None and sig in _SIGNALS:
+            if self.first is not None and sig in _SIGNALS and self.ending:
                 handler = signal.SIG_IGN  # the process is ending
             try:
                 signal.signal(sig, handler)

@@ -59,6 +59,42 @@ def test_once_seen_further_signals_are_ignored(restore_signals):
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
+def test_a_caller_that_goes_on_gets_its_handlers_back_after_a_stop(restore_signals):
+    """Determinism review s79: after one interrupted cli.main([...]) in a notebook or script, SIGINT and
+    SIGTERM stayed ignored for the rest of the process (Ctrl-C and kill no longer worked)."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    guard = SignalGuard(ending=False)
+    with pytest.raises(KeyboardInterrupt):
+        with guard:
+            os.kill(os.getpid(), signal.SIGINT)
+            wait_for_signals(5.0)
+    assert guard.first == signal.SIGINT
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    with pytest.raises(KeyboardInterrupt):  # and a second Ctrl-C is one again
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_for_signals(5.0)
+
+
+def test_an_interrupted_cli_call_from_python_restores_the_handlers(restore_signals, tmp_path, capsys):
+    """cli.main(argv) from Python is such a caller; the schedlab program (argv None) is not."""
+    import threading
+
+    from schedlab.cli import main
+
+    path = tmp_path / "e.toml"
+    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 300000\nrate = 100.0\n'
+                    'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 500}\n')
+    before = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        assert main(["run", str(path), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 130
+    finally:
+        timer.cancel()
+    assert "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_without_a_signal_the_previous_handlers_come_back(restore_signals):
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
     with SignalGuard() as guard:

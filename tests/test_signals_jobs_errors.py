@@ -450,3 +450,21 @@ def test_a_plugin_error_travels_between_processes_with_its_traceback():
 
     error = pickle.loads(pickle.dumps(PluginError("exp.toml: run 'x': it broke", "Traceback ...")))
     assert str(error) == "exp.toml: run 'x': it broke" and error.details == "Traceback ..."
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_driver_script_without_a_main_guard_runs_in_its_own_process_instead_of_hanging(tmp_path, guarded):
+    """Determinism review s79: a script calling cli.main([... "--jobs", "2"]) at its top level hung for ever -- each
+    worker the fork server started ran the script again, whose call tried to start workers of its own. Without
+    the guard it now runs in this process and says why; with it, in worker processes as asked."""
+    experiment = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.toml"
+    call = f'main(["run", {str(experiment)!r}, "--out", {str(tmp_path / "out")!r}, "--jobs", "2"])'
+    body = f'if __name__ == "__main__":\n    {call}\n' if guarded else call + "\n"
+    script = tmp_path / "drive.py"
+    script.write_text("from schedlab.cli import main\n" + body)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "summary.json").is_file()
+    said = f'schedlab: {script} starts schedlab without `if __name__ == "__main__":`'
+    assert (said in done.stderr) is not guarded, done.stderr
+    assert ("simulations in" in done.stderr and ("in this process" in done.stderr) is not guarded), done.stderr

@@ -24,6 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import re
 import signal
 import sys
 import threading
@@ -356,7 +357,34 @@ def make_executor(backend: str = "local", jobs: int | None = None, address: str 
 
         return RayExecutor(address=address, jobs=jobs)
     jobs = default_jobs() if jobs is None else clamped_jobs(jobs)
+    if jobs > 1 and (script := unguarded_main_script()) is not None:
+        print(f"schedlab: {script} starts schedlab without `if __name__ == \"__main__\":`, and worker processes "
+              "run the main script again as they start (each would start schedlab itself): running in this "
+              "process; put the call under that guard to run in parallel", file=sys.stderr)
+        jobs = 1
     return InProcessExecutor() if jobs == 1 else ProcessExecutor(jobs)
+
+
+#: ``if __name__ == "__main__":`` in a script's text
+_MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")
+
+
+def unguarded_main_script() -> str | None:
+    """The main script, when it has no ``if __name__ == "__main__":`` guard, else None (none, an
+    interactive session, a notebook, ``python -c``). Worker processes started by the fork server (or
+    spawned) import the main script again before they run anything: an unguarded call that starts
+    schedlab there tried to start workers of its own, failed, and the pool waited for ever (a
+    determinism review's driver script)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py") or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return None if _MAIN_GUARD.search(text) else path
 
 
 def clamped_jobs(jobs: int) -> int:
