@@ -234,6 +234,7 @@ def cmd_plot(args) -> int:
     table = reports.get("table", {})
     text = _table_text(catalog, results, table if isinstance(table, dict) else {}, where)
     out = Path(args.dir)
+    settings = index_page.saved_experiment_settings(out)  # (the page keeps the file's tables: redrawn, not lost)
     with StagedFiles(out) as stage:  # a full disk leaves the folder as it was
         report.write(results, stage.path)
         # The manifest lists the new files before any is moved in (a name listed before its file is
@@ -246,7 +247,7 @@ def cmd_plot(args) -> int:
                                 "folder was changed") from None
         written = stage.commit()
     try:
-        index_page.write(out, results, table_text=text, experiment_settings=None,
+        index_page.write(out, results, table_text=text, experiment_settings=settings,
                          run_settings=_saved_run_settings(out))
     except OSError as exc:
         if (out / "index.html").is_dir():  # (plot again would fail alike)

@@ -188,6 +188,16 @@ def test_plot_command_rewrites_the_index(previous, tmp_path):
     assert html.escape((out / "summary.txt").read_text()) in page
 
 
+def test_plot_command_keeps_the_experiment_files_tables_and_description(previous, tmp_path):
+    """Determinism review s79: schedlab plot redrew index.html without the experiment's description and its
+    "experiment file's tables" section, which the folder keeps nowhere else: the redrawn page is the page."""
+    out = copy_of(previous, tmp_path)
+    before = (out / "index.html").read_text()
+    assert '<pre id="experiment-settings">' in before
+    assert main(["plot", str(out)]) == 0
+    assert (out / "index.html").read_text() == before
+
+
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(name)), None)
 PROBE = """<script>

@@ -12,6 +12,7 @@ import base64
 import html
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,26 @@ def write(out_dir: str | os.PathLike, results, *, table_text: str, experiment_se
     path = out / INDEX
     atomic_write(path, text)
     return path
+
+
+_SETTINGS = re.compile(r'<pre id="experiment-settings">(.*?)</pre>', re.DOTALL)
+
+
+def saved_experiment_settings(out_dir: str | os.PathLike) -> dict | None:
+    """The experiment file's tables as the folder's ``index.html`` shows them (``schedlab plot``
+    redraws the page from a results folder, which keeps them nowhere else), or None."""
+    try:
+        page = (Path(out_dir) / INDEX).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = _SETTINGS.search(page)
+    if found is None:
+        return None
+    try:
+        settings = json.loads(html.unescape(found.group(1)))
+    except ValueError:
+        return None
+    return settings if isinstance(settings, dict) else None
 
 
 def _plot_rank(path: Path) -> tuple[int, str]:
