@@ -70,6 +70,50 @@ def test_one_progress_bar_counts_every_simulation_on_the_path(tmp_path, monkeypa
     assert results.execution["simulations"] >= on_path  # plus the search's speculative probes
 
 
+def test_the_bar_moves_as_each_replica_finishes(tmp_path, monkeypatch):
+    """Determinism review s79: a run of 40 replicas showed 0% until the last one finished (the bar counted a
+    replicated run when it was whole); now each finished replica moves it, in order, in this process."""
+    from schedlab.study.executor import InProcessExecutor
+
+    steps = []
+
+    class Bar:
+        def __init__(self, total, desc):
+            self.total, self.n = total, 0
+
+        def update(self, n=1):
+            self.n += n
+            steps.append(self.n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(runner, "progress", Bar)
+    (tmp_path / "r.toml").write_text(textwrap.dedent("""
+        [experiment]
+        replicas = 4
+        [workload]
+        kind = "synthetic"
+        num_requests = 5
+        rate = 10.0
+        prompt = {dist = "fixed", value = 10}
+        output = {dist = "fixed", value = 3}
+        [[runs]]
+        name = "one"
+        [[runs]]
+        name = "two"
+        [runs.cluster]
+        instances = 2
+        partitions = 2
+    """))
+    run_with(tmp_path / "r.toml", InProcessExecutor())
+    # one: a step a replica; two: 2 parts a replica, a step when both are in
+    assert [n for i, n in enumerate(steps) if i == 0 or n != steps[i - 1]] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
 def test_a_user_error_in_a_worker_arrives_as_itself(tmp_path, monkeypatch):
     (tmp_path / "broken_workload_mod.py").write_text(textwrap.dedent("""
         import schedlab

@@ -85,6 +85,10 @@ class PointJob:
 class FixedDriver:
     """A single run or a sweep: every point known up front, results by point index."""
 
+    #: every task of its jobs is wanted: the progress bar counts a replica as it finishes (a search's
+    #: probes off its path are not, so its bar moves per probe on the path)
+    counts_tasks = True
+
     def __init__(self, name: str, kind: str, specs: list[RunSpec], replicas: int, keys: tuple = ()):
         self.name, self.kind, self.keys = name, kind, keys
         self.jobs = [PointJob(spec, replicas, self, key=i) for i, spec in enumerate(specs)]

@@ -72,6 +72,9 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
     for driver in drivers:
         enqueue(driver.start())
     shown = 0
+    # tasks finished of the jobs still waiting for others (a replicated run's replicas, a partitioned run's
+    # parts) whose driver counts them as they come: the bar moves per simulation, not per whole run
+    partial: dict = {}
     with progress(sum(d.total for d in drivers), exp.name) as bar:
         while True:
             while queue and len(in_flight) < executor.workers:
@@ -102,6 +105,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 say_run_warnings(outcome)  # (said here whichever process ran it)
                 _announce_finished(hook, outcome, exp.context.source)
                 if job.record(index, outcome):
+                    partial.pop(job, None)
                     # (a part may measure none: the merged run must)
                     if job.parts > 1 and (job.spec.warmup or job.spec.cooldown):
                         for run in job.replica_results():
@@ -109,10 +113,12 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                     if on_run is not None:
                         on_run(job.result())
                     enqueue(job.owner.job_done(job))
+                elif getattr(job.owner, "counts_tasks", False):
+                    partial[job] = partial.get(job, 0) + 1
             for driver in drivers:
                 enqueue(driver.refresh())
             bar.total = sum(d.total for d in drivers)
-            completed = sum(d.completed for d in drivers)
+            completed = sum(d.completed for d in drivers) + sum(done // job.parts for job, done in partial.items())
             bar.update(completed - shown)
             shown = completed
     studies = [driver.study() for driver in drivers]
