@@ -468,3 +468,24 @@ def test_a_driver_script_without_a_main_guard_runs_in_its_own_process_instead_of
     said = f'schedlab: {script} starts schedlab without `if __name__ == "__main__":`'
     assert (said in done.stderr) is not guarded, done.stderr
     assert ("simulations in" in done.stderr and ("in this process" in done.stderr) is not guarded), done.stderr
+
+
+@pytest.mark.parametrize("sig, said, status", [(signal.SIGINT, "interrupted", 130),
+                                               (signal.SIGTERM, "terminated (SIGTERM)", 143)])
+def test_a_signal_while_the_command_loads_ends_it_in_one_line(sig, said, status):
+    """Determinism review s79: Ctrl-C in the second or so the command takes to import printed a Python traceback,
+    and SIGTERM ended it without a word. The signal here comes while schedlab.cli is being imported."""
+    code = textwrap.dedent(f"""
+        import importlib.abc, os, sys, time
+        class SignalOnImport(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "schedlab.cli":
+                    os.kill(os.getpid(), {int(sig)})
+                    time.sleep(5)
+                return None
+        sys.meta_path.insert(0, SignalOnImport())
+        from schedlab.entry import main
+        sys.exit(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (status, f"schedlab: {said} while starting; nothing was written\n")
