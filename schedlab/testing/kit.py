@@ -49,7 +49,9 @@ class IterationChecker:
     full both times, as under vLLM's rules when blocks are this scarce) saw a changed cache.
     ``loops=False`` turns that check off: it is a heuristic, and vLLM's own rules can trip it --
     with a drafter's lookahead slots, a decode that needs a block preempts a request recomputing
-    in chunks, again and again, while the decode progresses.
+    in chunks, again and again, while the decode progresses; with ``reserve_full_prompt = false``
+    a request admitted on its first chunk finds no blocks for its next one and preempts itself
+    until a running request finishes (others decoding meanwhile: a KV review's case).
     """
 
     def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
