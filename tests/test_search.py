@@ -419,7 +419,8 @@ def _write(tmp_path, text: str, name: str = "s.toml"):
 @pytest.mark.parametrize("bounds, message", [
     ("low = 1.0\nhigh = 8.0\ntolerance = 0\n", "[search]: tolerance: must be a positive number, got 0"),
     ("low = 1.0\nhigh = 8.0\ntolerance = -0.5\n", "[search]: tolerance: must be a positive number, got -0.5"),
-    ("low = 1.0\nhigh = 8.0\n", "[search]: tolerance: a search over real values"),
+    ("low = 1.0\nhigh = 8.0\n", "[search]: tolerance: low = 1.0, high = 8.0 (written with a decimal point) make "
+                                "a search over real values, which needs a tolerance"),
     ("low = 1.0\nhigh = inf\ntolerance = 0.5\n", "[search]: high: must be a finite number, got inf"),
     # an integer range of N = 2**40 - 1 needs 2 * ceil(log2(N + 1)) = 80 probes (module docstring)
     ("low = 1\nhigh = 1099511627776\n", "[search]: the search over workload.rate in [1, 1099511627776] "
@@ -441,6 +442,20 @@ def test_a_tiny_tolerance_is_refused_with_what_to_change(tmp_path):
         load(path)
     path = _write(tmp_path, PLAIN_FILE + SEARCH + "low = 1.0\nhigh = 1000.0\ntolerance = 0.5\n")
     assert load(path).studies[0].search.tolerance == 0.5
+
+
+@pytest.mark.parametrize("bounds, said", [
+    ("low = 1.0\nhigh = 32.0\n", r"tolerance: low = 1.0, high = 32.0 \(written with a decimal point\) make a search "
+                                 r"over real values, which needs a tolerance: how close to the boundary to get; for "
+                                 r"one over whole numbers write low = 1, high = 32$"),
+    ("low = 1\nhigh = 32.5\n", r"tolerance: a search over real values \(low or high is not a whole number\) needs a "
+                               r"tolerance: how close to the boundary to get$")])
+def test_a_whole_number_written_with_a_decimal_point_gets_the_way_to_an_integer_search(tmp_path, bounds, said):
+    """Capacity review s79: low = 1.0 said 'low or high is not a whole number' and sent the user to add a
+    tolerance, which a whole-number key then refused."""
+    path = _write(tmp_path, PLAIN_FILE + SEARCH + bounds)
+    with pytest.raises(ConfigError, match=r": \[search\]: " + said):
+        load(path)
 
 
 def test_an_slo_constraint_needs_slo_targets_when_the_file_is_read(tmp_path):

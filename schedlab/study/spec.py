@@ -123,6 +123,13 @@ class SearchConfig:
             needed = max_search_probes(low=self.low, high=self.high)
         else:
             if tolerance is None:
+                written = [v for v in (self.low, self.high) if isinstance(v, float)]
+                if all(v.is_integer() for v in written):  # (1.0 in TOML is a real number, though whole)
+                    low, high = (f"{int(v)}" if isinstance(v, float) else f"{v}" for v in (self.low, self.high))
+                    raise FieldError("tolerance", f"low = {self.low!r}, high = {self.high!r} (written with a "
+                                                  "decimal point) make a search over real values, which needs a "
+                                                  "tolerance: how close to the boundary to get; for one over whole "
+                                                  f"numbers write low = {low}, high = {high}")
                 raise FieldError("tolerance", "a search over real values (low or high is not a whole number) "
                                               "needs a tolerance: how close to the boundary to get")
             if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
