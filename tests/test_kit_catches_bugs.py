@@ -686,6 +686,50 @@ class FreeDecodes(LinearCostModel):
         return super().iteration_ms(batch) if batch.prefill_tokens else 0.0
 
 
+class PerPromptCheaper(LinearCostModel):
+    """Divides its time by the prompts in the batch: two prompts together cost half of one."""
+
+    def iteration_ms(self, batch):
+        return super().iteration_ms(batch) / max(1, batch.num_prefill)
+
+
+class ZeroForOneDecode(LinearCostModel):
+    """A lone decode step, the commonest iteration there is, costs nothing."""
+
+    def iteration_ms(self, batch):
+        return 0.0 if batch.num_decode == 1 and not batch.prefill_tokens else super().iteration_ms(batch)
+
+
+@pytest.mark.parametrize("model", [PerPromptCheaper(LinearConfig()), ZeroForOneDecode(LinearConfig())],
+                         ids=lambda m: type(m).__name__)
+def test_the_readme_recipe_finds_prompt_and_decode_only_bugs_at_every_seed(model):
+    """Kit review s79: batches() drew one prompt an iteration at most, so a cost model for which two prompts
+    together cost half of one passed every check; and decode-only steps were 2-7% of its shapes, so a free lone
+    decode was found on 5 of 10 seeds. Several prompts, a 'prefills' growth and half the decoding shapes
+    decode-only find both on every seed."""
+    from hypothesis import seed
+    from hypothesis import strategies as st
+
+    from schedlab.testing import batches, check_cost_model
+
+    for s in range(10):
+        @seed(s)
+        @settings(kit_settings, database=None, report_multiple_bugs=False)
+        @given(batches(), st.integers(1, 64))
+        def check(batch, more):
+            check_cost_model(model, batch, more=more)
+
+        with pytest.raises(AssertionError, match=r"cost model (PerPromptCheaper|ZeroForOneDecode)"):
+            check()
+
+
+def test_kit_settings_leave_out_hypothesis_explain_phase():
+    """Kit review s79: a failing kit test took 242 s to report under pytest on Python 3.11 -- the explain phase
+    traced the simulator line by line -- against 5 s without it, for the same shrunk example."""
+    assert Phase.explain not in kit_settings.phases
+    assert {Phase.generate, Phase.shrink, Phase.reuse} <= set(kit_settings.phases)
+
+
 def test_check_cost_model_by_hand():
     """A hand-picked shape for each bug, and the linear model's own: 16 prompt tokens at 0.05 ms
     and one 8 ms decode step cost 8.8 ms; 17 tokens under the fast kernel 8.425."""

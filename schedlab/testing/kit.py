@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 
 from ..drafting import DraftingCostModel
-from ..energy.meter import EnergyMeter, close_meters, run_start
+from ..energy.meter import EnergyMeter, close_meters
 from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
@@ -376,12 +376,14 @@ def _speculative_meta(speculative: SpeculativeConfig | None) -> dict:
 def _energy_meta(meters: list, rec: Recorder, start: float | None = None) -> dict:
     if meters[0] is None:
         return {}
-    return {"energy": close_meters(meters, run_start(rec) if start is None else start)}
+    return {"energy": close_meters(meters, 0.0 if start is None else start)}
 
 
 def blocks_for_largest(requests: Sequence, block_size: int) -> int:
     """KV blocks the largest request needs alone (prompt + every output token it may make): a
-    cache of this many blocks, plus a few, keeps every request servable and forces preemption."""
+    cache of this many blocks, plus a few, keeps every request servable and forces preemption
+    under a scheduler that grows its KV (one that reserves prompt + max_tokens at admission
+    never preempts)."""
     return max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
 
 
