@@ -93,10 +93,12 @@ def test_tail_by_hand():
 def test_energy_per_request_and_token_counts_completed_requests_only(engine):
     """The run above, each request 2.5 ms later at the engine (the network) and 5 ms later at its
     client; request 1's client gives up 15 ms after sending it (at 45), before its last token
-    reaches it (47.5): the engine finished it, its client did not. Same energy -- 6 J busy, 1.2 J
-    between, 7.2 J over 2.5..42.5 ms -- for one completed request of 3 tokens: 7.2 J per
-    request, 2.4 J per token (audit s57: 3.6 and 1.2, as if both had completed). Each request's
-    own 3 J share counts for its class; a class with nothing completed has no J per request."""
+    reaches it (47.5): the engine finished it, its client did not. Energy -- 6 J busy, 1.2 J
+    between, and the 2.5 ms before the first arrival idle at 30 W, 0.075 J: 7.275 J over 0..42.5 ms,
+    from 0 as the GPU-hours (energy review s79: the window started at the first arrival) -- for one
+    completed request of 3 tokens: 7.275 J per request, 2.425 J per token (audit s57: halved, as if
+    both had completed). Each request's own 3 J share counts for its class; a class with nothing
+    completed has no J per request."""
     from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
 
     cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
@@ -107,9 +109,10 @@ def test_energy_per_request_and_token_counts_completed_requests_only(engine):
                    client_side=side)
     assert r.requests["finish_ms"].tolist() == [12.5, 42.5] and r.requests["timed_out"].tolist() == [0, 1]
     e = r.metrics["energy"]
-    assert e["gpu_j"] == pytest.approx(7.2) and e["attributed_j"] == pytest.approx(6.0)
-    assert e["j_per_request"] == pytest.approx(7.2)
-    assert e["j_per_token"] == pytest.approx(2.4)
+    assert e["gpu_j"] == pytest.approx(7.275) and e["attributed_j"] == pytest.approx(6.0)
+    assert e["j_per_request"] == pytest.approx(7.275)
+    assert e["j_per_token"] == pytest.approx(2.425)
+    assert r.meta["energy"]["window_ms"] == [0.0, 42.5]
     assert e["request_j"]["mean"] == pytest.approx(3.0) and e["request_j"]["max"] == pytest.approx(3.0)
     chat, late = (r.metrics["per_class"][k]["energy"] for k in ("chat", "late"))
     assert chat == pytest.approx({"j": 3.0, "j_per_request": 3.0, "j_per_token": 1.0})

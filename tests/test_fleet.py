@@ -1336,3 +1336,52 @@ kind = "linear"
     assert m["rejected"] == 1 and m["finished"] == 2
     assert sorted(m["hourly"], key=int) == ["0", "1", "2", "3"]
     assert [m["hourly"][h]["requests"] for h in "0123"] == [1, 0, 1, 1]
+
+
+LATE_START = """
+[experiment]
+name = "late"
+[workload]
+kind = "inline"
+requests = [{prompt_tokens = 100, output_tokens = 10, arrival_ms = 600000.0},
+            {prompt_tokens = 100, output_tokens = 10, arrival_ms = 602000.0}]
+[cost_model]
+kind = "linear"
+[cluster]
+instances = 2
+router = {kind = "least_outstanding"}
+[power]
+kind = "fixed_active"
+active_w = 300.0
+idle_w = 30.0
+standby_w = 30.0
+[[runs]]
+name = "fixed"
+[[runs]]
+name = "autoscaled"
+cluster.autoscaler = {kind = "target_utilization", metric = "outstanding", target = 1000, min_instances = 2,
+                      interval_s = 30, cold_start_s = 60, stabilization_s = 120}
+[[runs]]
+name = "partitioned"
+cluster.partitions = 2
+cluster.router = {kind = "round_robin"}
+"""
+
+
+def test_energy_covers_the_time_gpu_hours_pay_for_with_or_without_an_autoscaler(tmp_path):
+    """Energy review s79: with the first request at 600 s, a fixed cluster's energy counted from the first arrival
+    and its GPU-hours from 0, while an autoscaled one (that never scales) counted both from 0: 4x the kWh for
+    the same hardware and GPU-hours. Both now run from 0: 2 GPUs idle at 30 W, busy at 300 W."""
+    (tmp_path / "late.toml").write_text(LATE_START)
+    runs = {r.name: r for r in run_experiment(load(tmp_path / "late.toml")).all_runs()}
+    fixed = runs["fixed"]
+    end = fixed.meta["energy"]["window_ms"][1]
+    busy_ms = float(np.sum(fixed.timeline["duration_ms"]))
+    assert fixed.meta["energy"]["window_ms"] == [0.0, end]
+    assert fixed.metrics["energy"]["gpu_j"] == pytest.approx((2 * end * 30.0 + busy_ms * (300.0 - 30.0)) / 1e3)
+    assert fixed.metrics["gpu_hours"] == pytest.approx(2 * end / 3.6e6)
+    for name in ("autoscaled", "partitioned"):
+        assert runs[name].meta["energy"]["window_ms"] == [0.0, end]
+        for key in ("gpu_j", "kwh"):
+            assert runs[name].metrics["energy"][key] == pytest.approx(fixed.metrics["energy"][key], rel=1e-9)
+        assert runs[name].metrics["gpu_hours"] == pytest.approx(fixed.metrics["gpu_hours"], rel=1e-9)

@@ -17,7 +17,7 @@ touch any of this.
 * :mod:`.metrics` -- joules per token and per request, power per instance, kWh, host and PUE.
 """
 
-from .meter import EnergyMeter, close_meters, run_start
+from .meter import EnergyMeter, close_meters
 from .pipeline import PipelineMeter
 
-__all__ = ["EnergyMeter", "PipelineMeter", "close_meters", "run_start"]
+__all__ = ["EnergyMeter", "PipelineMeter", "close_meters"]

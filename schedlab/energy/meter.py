@@ -5,7 +5,7 @@ The engines call :meth:`EnergyMeter.iteration` for every iteration they run one 
 first add the idle stretch since the previous iteration ended (:mod:`.idle`: the last
 iteration's power relaxing, standby, then idle). After the run :func:`close_meters` adds the
 stretches before the first and after the last iteration, so an instance's energy covers the
-run's whole window -- from the first arrival to the end of the last iteration anywhere --
+run's whole window -- from 0, as its GPU-hours, to the end of the last iteration anywhere --
 whether it worked or not. An autoscaled instance (:mod:`schedlab.engine.scaling`) is switched
 off and on: while off it draws nothing; switched on, it idles until its first iteration, as
 before a run's first.
@@ -342,8 +342,9 @@ def token_shares(energy: float, batch: Batch, dropped: int = 0) -> tuple[float, 
 
 def close_meters(meters: list, start: float) -> dict:
     """Close every instance's meter (an :class:`EnergyMeter`, or a pipelined instance's
-    :class:`.pipeline.PipelineMeter`) over the run's window -- from ``start`` (the first arrival)
-    to the end of the last iteration of any instance -- and return the run's energy record
+    :class:`.pipeline.PipelineMeter`) over the run's window -- from ``start`` (0, where the run's
+    GPU-hours start; a part's first arrival) to the end of the last iteration of any instance --
+    and return the run's energy record
     (``meta["energy"]``): the window, the power model (the first instance's; with pools of
     other settings, each one and its instances under ``models``), the run's PUE
     (:func:`.metrics.run_pue`) and, per instance, its GPUs' energy, its host and its own PUE."""
@@ -396,15 +397,14 @@ def close_part(meters: list, indices: list[int], first_arrival: float) -> dict:
 
 def join_parts(records: list[dict]) -> dict:
     """The whole run's energy record from its parts' (:func:`close_part`), as :func:`close_meters`
-    gives it in one process: the window runs from the earliest first arrival to the latest end
-    of an iteration, and each instance idles on from its part's window to the run's -- fully idle
+    gives it in one process: the window runs from 0 to the latest end of an iteration, and each
+    instance idles on from its part's window to the run's -- fully idle
     before its part's first arrival (no iteration of the part starts before it), and after its
     part's end where its last idle stretch left off (tail, standby, idle), or fully idle if it
     never worked. A part whose instances never worked (no request, or only rejected ones) idles
     over the whole window. Idle energy is additive over a stretch cut in two, so each instance's
     equals one process's up to the order of the floating-point sums."""
-    arrivals = [r["part"]["first_arrival_ms"] for r in records if r["part"]["first_arrival_ms"] is not None]
-    start = min(arrivals, default=0.0)
+    start = 0.0  # (as one process: from 0, where the run's GPU-hours start)
     worked = [any(t is not None for t in r["part"]["last_end_ms"]) for r in records]
     end = max([r["window_ms"][1] for r, w in zip(records, worked) if w] + [start])
     placed = {}
@@ -426,8 +426,3 @@ def join_parts(records: list[dict]) -> dict:
     return joined
 
 
-def run_start(recorder) -> float:
-    """The run's first arrival (0 for a run without requests): where its energy window starts.
-    A streamed run's rows are mostly on disk: the recorder keeps the earliest arrival itself."""
-    first = recorder.first_arrival_ms()
-    return first if first < INF else 0.0

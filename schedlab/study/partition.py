@@ -16,8 +16,8 @@ With ``[power]`` an instance's idle energy runs to the end of the run's window -
 iteration's end on any instance -- which a part cannot know before the others have run. Each part
 meters its instances over its own window, from its first arrival to its own last iteration's
 end, and keeps where each instance's last idle stretch starts
-(:func:`schedlab.energy.meter.close_part`); the merge takes the earliest first arrival and the
-latest end and idles every instance on to them (:func:`schedlab.energy.meter.join_parts`), so
+(:func:`schedlab.energy.meter.close_part`); the merge takes 0 (where every run's window starts) and
+the latest end and idles every instance on to them (:func:`schedlab.energy.meter.join_parts`), so
 the record, and the energy metrics computed from it -- per instance and in all, average power,
 kWh, host and facility energy, energy per token and per request -- are one process's, summed
 in another order. Every request's energy share is its row's, which is the same.

@@ -23,7 +23,7 @@ from ..catalog import Catalog
 from ..configs import (MAX_INSTANCES, FieldError, bool_field, bound_text, float_field, from_table, int_field, str_field,
                        table_field)
 from ..drafting import DraftingCostModel
-from ..energy.meter import EnergyMeter, close_meters, close_part, run_start
+from ..energy.meter import EnergyMeter, close_meters, close_part
 from ..energy.pipeline import PipelineMeter
 from ..engine.ahead import plans_ahead
 from ..engine.disagg import DisaggregatedCluster
@@ -1637,9 +1637,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         meta["scaling"] = scaling.finish()
     if spec.part and a.power is not None:  # up to the part's own end: merge_parts carries it to the run's
         meta["energy"] = close_part([meters[i] for i in indices], indices, recorder.first_arrival_ms())
-    elif a.power is not None:  # an autoscaled fleet's energy from 0, where its paid intervals start
-        meta["energy"] = close_meters([meters[i] for i in indices],
-                                      0.0 if scaling is not None else run_start(recorder))
+    elif a.power is not None:  # from 0, where its paid GPU-hours start (a fixed cluster's and an autoscaled one's)
+        meta["energy"] = close_meters([meters[i] for i in indices], 0.0)
     if a.parallelism != SINGLE:
         meta["parallelism"] = attrs.asdict(a.parallelism)
     if isinstance(lockstep, list):  # several deployments: what each did, and in all
