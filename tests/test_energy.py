@@ -855,6 +855,9 @@ def test_saved_results_redraw_the_same_power(energy_run, tmp_path):
     ('[power]\nkind = "table"\npoints = [[5, 100], [1, 200]]', "x must increase"),
     ('[power]\nkind = "utilisation"\n[clock]\nmhz = 5000', "[clock]: mhz: 5000 is outside a100-40gb's clocks"),
     ('[power]\nkind = "utilisation"\n[clock]\npolicy = "slo"', "needs a TPOT target"),
+    # energy review s79: clamped to the highest clock without a word, where mhz and min_mhz are refused
+    ('[power]\nkind = "utilisation"\n[clock]\nmhz = 1000\nknee_mhz = 99999',
+     "[clock]: knee_mhz: 99999 is above a100-40gb's highest clock (1410 MHz)"),
 ])
 def test_bad_power_tables_name_the_file_table_and_key(tmp_path, table, message):
     from schedlab.errors import ConfigError

@@ -248,6 +248,9 @@ class ClockedCostModel:
             raise ConfigError(f"GPU {gpu.name!r} has no max_clock_mhz/min_clock_mhz in its preset")
         knee, floor = default_law(gpu)
         knee = config.knee_mhz if config.knee_mhz is not None else knee
+        if config.knee_mhz is not None and knee > gpu.max_clock_mhz:  # (was clamped: at f_max, the same law)
+            raise ConfigError(f"knee_mhz: {knee:g} is above {gpu.name}'s highest clock ({gpu.max_clock_mhz:g} MHz): "
+                              "a knee there is the highest clock itself (memory traffic slows at every lower clock)")
         #: the settings with the GPU's law filled in (the power models read voltage_floor here)
         self.config = config = attrs.evolve(config, knee_mhz=knee, voltage_floor=(
             config.voltage_floor if config.voltage_floor is not None else floor))
