@@ -368,15 +368,16 @@ class Counting(LinearCostModel):
         return super().iteration_ms(batch)
 
 
-@pytest.mark.parametrize("batch, growths", [(Batch(num_prefill=1, prefill_tokens=10), 3),  # no decode to lengthen
-                                            (Batch(num_decode=3, decode_context_tokens=30), 4),  # not its context
-                                            (Batch(num_decode=3, decode_context_tokens=30, num_prefill=1,
-                                                   prefill_tokens=5), 5)])
-def test_the_walk_costs_one_call_per_step(batch, growths):
-    """The price of the walk: twice at the batch, then ``more`` calls per growth that applies."""
+@pytest.mark.parametrize("batch, growths, parts", [
+    (Batch(num_prefill=1, prefill_tokens=10), 4, 0),            # no decode to lengthen; a lone prompt is the batch
+    (Batch(num_decode=3, decode_context_tokens=30), 5, 1),      # not its context; a lone decode
+    (Batch(num_decode=3, decode_context_tokens=30, num_prefill=1, prefill_tokens=5), 6, 2)])
+def test_the_walk_costs_one_call_per_step(batch, growths, parts):
+    """The price of the walk: twice at the batch, once per part of it (a lone decode, a lone prompt), then
+    ``more`` calls per growth that applies (one more prompt always does)."""
     model = Counting()
     check_cost_model(model, batch, more=40)
-    assert model.calls == 2 + 40 * growths
+    assert model.calls == 2 + parts + 40 * growths
 
 
 # -- requests_lists(bursts=True) --------------------------------------------------------------------------

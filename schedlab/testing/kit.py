@@ -94,7 +94,8 @@ class IterationChecker:
         b = record.batch
         if self.max_running is not None:
             assert record.running <= self.max_running, (
-                f"{record.running} running > max_running {self.max_running} at t={record.start_ms} ms")
+                f"{record.running} running > max_running {self.max_running} at t={record.start_ms} ms (capacity; "
+                f"running: requests {list(record.running_ids)})")
         if self.token_budget is not None:
             assert b.num_batched_tokens <= self.token_budget, (
                 f"an iteration at t={record.start_ms} ms scheduled {b.num_batched_tokens} tokens > token budget "
@@ -502,7 +503,8 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
             assert a <= taken <= s, f"request {rid}: taken at {taken}, not between its arrival {a} and scheduling {s}"
     c = result.counters
     if max_running is not None:
-        assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > max_running {max_running}"
+        assert c["peak_running"] <= max_running, (f"peak running {c['peak_running']} > max_running {max_running} "
+                                                  "(capacity)")
     if kv_blocks is not None:
         assert c["kv_peak_blocks"] <= kv_blocks, f"peak KV blocks {c['kv_peak_blocks']} > {kv_blocks}"
     # finished, aborted or turned away from the queue: the tokens they got were generated
