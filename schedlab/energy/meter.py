@@ -424,5 +424,3 @@ def join_parts(records: list[dict]) -> dict:
     joined["instances"] = [placed[i] for i in sorted(placed)]
     joined["pue"] = run_pue(joined["instances"], end - start, joined.get("pue", 1.0))
     return joined
-
-

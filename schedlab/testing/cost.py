@@ -3,8 +3,9 @@
 An iteration that computes anything takes a positive, finite time, the same each time it is
 asked, and more work never costs less: one more decode (as long as the longest), a longer
 context for the decodes, one more draft token, one more prompt token, a longer prefill
-context, or one more prompt as long as the others. A "fast kernel" above some size that makes 17 tokens cheaper than 16 breaks the last
-rule; schedulers that compare costs (a cheaper chunk, a smaller batch) then pick wrongly.
+context, or one more prompt as long as the others. A "fast kernel" above some size that makes
+17 tokens cheaper than 16 breaks the last rule; schedulers that compare costs (a cheaper chunk,
+a smaller batch) then pick wrongly.
 """
 
 from __future__ import annotations
