@@ -137,3 +137,43 @@ def counts_at_most_of(first, inc, count, weight, bounds):
     from schedlab.results.metrics import counts_at_most
 
     return counts_at_most(*(np.array(x) for x in (first, inc, count, weight)), np.array(bounds, float))
+
+
+def test_slot_utilisation_counts_the_tokens_of_requests_whose_clients_left():
+    """Metrics review s79: slot utilisation is tokens produced / (iterations x slots), but counted only completed
+    requests' tokens -- a run whose clients time out read as idle slots (0.19 where its slots made 0.63). Two
+    requests in two slots; the client of the second gives up at 15 ms, after it got some tokens."""
+    from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
+    from schedlab.model import Request
+    from schedlab.testing import run_engine
+    from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+    from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+    side = ClientSide(FrontendConfig(network_ms=0.0, request_ms=0.0, tokenize_ms_per_token=0.0, token_ms=0.0),
+                      ClientConfig(classes={"late": {"timeout_ms": 15.0}}))
+    requests = [Request(0, 0.0, 4, 3, request_class="chat"), Request(1, 0.0, 4, 10, request_class="late")]
+    for engine in ("fast", "reference"):
+        r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=2)),
+                       LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0)),
+                       engine=engine, client_side=side)
+        made = r.requests["generated_tokens"].tolist()
+        assert r.requests["timed_out"].tolist() == [0, 1] and made[0] == 3 and made[1] >= 3
+        assert r.metrics["generated_tokens"] == 3  # throughput counts the completed request's tokens only
+        iterations = r.metrics["iterations"]
+        assert r.metrics["slot_utilisation"] == pytest.approx(sum(made) / (iterations * 2))
+
+
+def test_the_cost_split_charges_the_tokens_each_request_made():
+    """Metrics review s79: the seed lab's cost split charged each request's output_tokens x the decode cost, though
+    a max_tokens of 3 ended a 10-token answer at 3: 160 ms of decode for two requests that made 13 tokens (104)."""
+    from schedlab.model import Request
+    from schedlab.testing import run_engine
+    from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+    from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+    requests = [Request(0, 0.0, 4, 10, max_tokens=3), Request(1, 0.0, 4, 10)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=2)),
+                   LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)))
+    assert r.requests["generated_tokens"].tolist() == [3, 10]
+    assert r.metrics["cost"]["total_decode_ms"] == pytest.approx(13 * 8.0)
+    assert r.metrics["cost"]["total_prefill_ms"] == pytest.approx(8 * 0.5)

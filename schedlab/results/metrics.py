@@ -368,7 +368,8 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
                            "max": int(chunks.max()) if n_ok else 0}
     totals = None
     if request_cost is not None and n_ok:
-        pre, dec = request_cost(req["prompt_tokens"][ok].astype(float), req["output_tokens"][ok].astype(float))
+        # (the tokens each made: a max_tokens below the answer's length cuts its decode cost too)
+        pre, dec = request_cost(req["prompt_tokens"][ok].astype(float), req["generated_tokens"][ok].astype(float))
         totals = float(np.sum(pre)), float(np.sum(dec))
     m["cost"] = _cost_metrics(counters, totals)
     reasons: dict[str, int] = {}
@@ -442,8 +443,11 @@ def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waitin
         "request_throughput_rps": n_ok / seconds if seconds > 0 else float("nan"),
         "generated_tokens": generated,
         "iterations": iterations,
-        # iterations are summed over instances, and each instance's iteration offers its own slots
-        "slot_utilisation": (generated / (iterations * slots / instances)) if slots and iterations else float("nan"),
+        # iterations are summed over instances, and each instance's iteration offers its own slots; the
+        # tokens are every one the engine produced (a request whose client gave up made some too: its
+        # slots worked), not only completed requests' as throughput counts them
+        "slot_utilisation": (c.get("generated_tokens", generated) / (iterations * slots / instances)
+                             if slots and iterations else float("nan")),
         "peak_running": int(c["peak_running"]),
         "avg_running": c["running_seq_ms"] / makespan if makespan > 0 else float("nan"),
         "avg_queue": waiting_ms / makespan if makespan > 0 else float("nan"),

@@ -279,7 +279,7 @@ class StreamedRequests:
             self.chunks_max = max(self.chunks_max, int(chunks.max()))
             if self.request_cost is not None:
                 pre, dec = self.request_cost(req["prompt_tokens"][ok].astype(float),
-                                             req["output_tokens"][ok].astype(float))
+                                             req["generated_tokens"][ok].astype(float))
                 self.cost[0] += float(np.sum(pre))
                 self.cost[1] += float(np.sum(dec))
         self.waiting_ms += float(req["waiting_ms"].sum())
