@@ -52,8 +52,9 @@ def make_cache(kind: str, num_blocks: int, bs: int, *, swap: int = 0, host: int 
 
 
 def test_a_reset_forgets_every_prefix_and_host_copy_and_keeps_the_run_counters():
-    # B = 4, 3 GPU blocks, a host tier of 4. a (12 tokens, prefix "s" of 8: blocks g3, g7) is
-    # served and finished; b (a 12-token prompt of group "t") evicts g3 and g7 to the host.
+    # B = 4, 3 GPU blocks, a host tier of 4. a (12 tokens, prefix "s" of 8: blocks g3, g7, then its
+    # own block r0_2) is served and finished; b (a 12-token prompt of group "t") evicts all three to
+    # the host (a request's own blocks go too beside a host tier, as vLLM's connector stores them).
     host = HostTier(4)
     cache = PrefixKVCache(3, 4, host=host)
     a = Seq(req(0, 12, prefix_group="s", prefix_tokens=8))
@@ -62,7 +63,7 @@ def test_a_reset_forgets_every_prefix_and_host_copy_and_keeps_the_run_counters()
     b = Seq(req(1, 12, prefix_group="t", prefix_tokens=12))
     admit(cache, b)
     cache.free(b)
-    assert set(host.lru_keys()) == {("g", "s", 3), ("g", "s", 7)}
+    assert set(host.lru_keys()) == {("g", "s", 3), ("g", "s", 7), ("r", 0, 2)}
     assert cache.cached_keys() == {("g", "t", 3), ("g", "t", 7), ("g", "t", 11)}
     again = Seq(req(2, 12, prefix_group="s", prefix_tokens=8))
     assert cache.cached_tokens(again) == 8                      # both blocks, from the host
@@ -74,7 +75,7 @@ def test_a_reset_forgets_every_prefix_and_host_copy_and_keeps_the_run_counters()
     assert cache.free_queue_layout() == [3] and cache.num_free_blocks() == 3
     assert cache.epoch != epoch                                  # memoized hits are stale
     assert (cache.evictions, host.stored, host.evicted) == (evictions, stored, 0)  # the run's counts go on
-    assert host.dropped == 2
+    assert host.dropped == 3
 
 
 def test_the_radix_tree_is_reset_to_its_root():

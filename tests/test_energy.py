@@ -1119,6 +1119,22 @@ def test_power_a_gpu_cannot_draw_is_refused_and_power_past_the_board_warned_of()
             build_fixed_active(FixedActiveConfig(standby_w=standby), PRESETS, h100)
 
 
+def test_the_checks_leave_what_was_accepted_before_alone():
+    """Diff review s79: fixed_active with a low active_w (150 W on an H100) was refused for the standby it derives
+    from the board itself, and a table with idle_w and standby_w given and a gpu label no preset has failed as an
+    unknown GPU: both ran before the power checks of this stop."""
+    d = build_fixed_active_config(active_w=150.0)
+    assert (d["active_w"], d["standby_w"]) == (150.0, 150.0) and d["idle_w"] < 150.0
+    model = build_table(TableConfig(points=[[1, 300]], idle_w=60, standby_w=80, gpu="my-node"), PRESETS)
+    assert model.idle_w == 60 and model.standby_w == 80
+
+
+def build_fixed_active_config(**settings) -> dict:
+    from schedlab_plugins.power.fixed_active import build_fixed_active
+
+    return build_fixed_active(FixedActiveConfig(gpu="h100-80gb", **settings), PRESETS).describe()
+
+
 def test_a_power_table_naming_other_hardware_than_the_cost_model_is_warned_of(recwarn):
     """Energy review s79: [power] gpu = "l4" under an H100 cost model (or an H100 fit), or tensor_parallel = 8 under
     one GPU, metered energy for other hardware than the timing and GPU-hours, without a word."""

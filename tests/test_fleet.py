@@ -4,6 +4,7 @@ streamed results, partitioned runs and autoscaling -- each against an independen
 from __future__ import annotations
 
 import math
+import textwrap
 import warnings
 from types import SimpleNamespace
 
@@ -1385,3 +1386,37 @@ def test_energy_covers_the_time_gpu_hours_pay_for_with_or_without_an_autoscaler(
         for key in ("gpu_j", "kwh"):
             assert runs[name].metrics["energy"][key] == pytest.approx(fixed.metrics["energy"][key], rel=1e-9)
         assert runs[name].metrics["gpu_hours"] == pytest.approx(fixed.metrics["gpu_hours"], rel=1e-9)
+
+
+def test_busy_and_kv_shares_of_an_autoscaled_fleet_are_of_the_instances_that_were_on(tmp_path):
+    """Metrics review s79: one instance serving throughout under an autoscaler allowed 4 read a busy share of 0.25
+    (and a quarter of its KV usage): the shares were divided by the most instances, not those switched on. It
+    now reads as the same single instance without an autoscaler."""
+    (tmp_path / "a.toml").write_text(textwrap.dedent("""
+        [experiment]
+        name = "a"
+        timeline = false
+        [workload]
+        kind = "synthetic"
+        num_requests = 300
+        rate = 20
+        prompt = {dist = "uniform", low = 20, high = 800}
+        output = {dist = "uniform", low = 1, high = 200}
+        [cost_model]
+        kind = "linear"
+        [scheduler]
+        kind = "continuous"
+        max_num_seqs = 16
+        [[runs]]
+        name = "fixed"
+        [[runs]]
+        name = "autoscaled"
+        cluster = {instances = 4, autoscaler = {kind = "queue_length", min_instances = 1, initial = 1,
+                   target_per_instance = 100000}}
+    """))
+    runs = {r.name: r.metrics for r in run_experiment(load(tmp_path / "a.toml")).all_runs()}
+    fixed, auto = runs["fixed"], runs["autoscaled"]
+    assert auto["fleet"]["peak_serving"] == 1 and fixed["busy_share"] > 0.9
+    assert auto["busy_share"] == pytest.approx(fixed["busy_share"], rel=1e-9)
+    assert auto["kv_usage"]["mean"] == pytest.approx(fixed["kv_usage"]["mean"], rel=1e-9)
+    assert auto["kv_usage"]["time_above_90"] == pytest.approx(fixed["kv_usage"]["time_above_90"], rel=1e-9)

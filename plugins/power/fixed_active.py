@@ -100,6 +100,8 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
     if active < idle:  # (found by fuzzing: taken as given, a busy GPU drew less than an idle one)
         raise ConfigError(f"active_w ({active:g} W) is below idle_w ({idle:g} W): a GPU draws more running a kernel "
                           "than idle; set active_w to at least idle_w")
+    if config.standby_w is None:  # (derived from the board's headroom: no more than what a busy GPU draws here)
+        standby = min(standby, active)
     if not idle <= standby <= active:  # (energy review s79: 10 W or 5 kW of standby were taken as given)
         raise ConfigError(f"standby_w ({standby:g} W) must lie between idle ({idle:g} W) and active ({active:g} W): "
                           "a GPU that has just worked draws at least what an idle one does, and no more than a "

@@ -21,7 +21,7 @@ import attrs
 from schedlab.capacity import Presets
 from schedlab.configs import MAX_TENSOR_PARALLEL, FieldError, float_field, int_field, str_field
 from schedlab.engine.bulk import run_ms
-from schedlab.errors import ConfigError, InputWarning
+from schedlab.errors import ConfigError, InputWarning, UnknownPluginError
 from schedlab.protocols import Batch
 
 from .common import PowerSettings, board_and_idle, host_fields, host_ranks, resolve_gpu, resolve_tp, warn_clock_unread
@@ -132,8 +132,11 @@ def build_table(config: TableConfig, presets: Presets | None = None, cost_model=
     board = None
     if config.idle_w is not None and config.standby_w is not None:
         idle, standby = config.idle_w, config.standby_w
-        if gpu_name is not None and presets is not None:  # (checked against the cost model's all the same)
-            board = resolve_gpu(gpu_name, cost_model, presets, "table", what).board_w
+        if gpu_name is not None and presets is not None:  # (checked against the cost model's all the same; a
+            try:                                          # name no preset has is a label here, as before)
+                board = resolve_gpu(gpu_name, cost_model, presets, "table", what).board_w
+            except (ConfigError, UnknownPluginError):
+                board = None
     else:
         try:
             gpu = resolve_gpu(gpu_name, cost_model, presets, "table", what)

@@ -362,7 +362,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
     m["client"] = {name: summarize(values) for name, values in client_latencies(stats).items()}
     m["client"]["itl_ms"] = m["itl_ms"]
-    _engine_metrics(m, counters, meta, makespan, kv_window(counters, start, makespan))
+    _engine_metrics(m, counters, meta, makespan, kv_window(counters, start, makespan), start)
     chunks = req["prefill_chunks"][ok]
     m["prefill_chunks"] = {"mean": float(chunks.mean()) if n_ok else float("nan"),
                            "max": int(chunks.max()) if n_ok else 0}
@@ -454,8 +454,28 @@ def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waitin
         "peak_waiting": int(c["peak_waiting"]),
         # share of the makespan the accelerator(s) spent in iterations (or of the span until the last
         # iteration ended, if later: SGLang's discarded decode after the last finish, Plan.overshoot)
-        "busy_share": c["busy_ms"] / (_busy_window(c, makespan, start) * instances) if makespan > 0 else float("nan"),
+        "busy_share": (c["busy_ms"] / (_busy_window(c, makespan, start) * instances
+                                       * on_share(meta, start, start + _busy_window(c, makespan, start)))
+                       if makespan > 0 else float("nan")),
     }
+
+
+def on_share(meta: dict[str, Any], start: float, end: float) -> float:
+    """The share of the instances' time from ``start`` to ``end`` they were on: 1 for a fixed
+    cluster; an autoscaled one's instance-time switched on over its most instances' (busy and KV
+    shares are of the instances there were, not of the most there could have been: one busy instance
+    of an autoscaler's 4 read 0.25)."""
+    scaling = meta.get("scaling")
+    if not scaling or end <= start:
+        return 1.0
+    if "pools" in scaling:
+        spans = [(on, off) for pool in scaling["pools"].values() for _, on, off in pool["intervals"]]
+        units = sum(int((meta.get("pools") or {}).get(name, {}).get("instances") or 1) for name in scaling["pools"])
+    else:
+        spans = [(on, off) for _, on, off in scaling["intervals"]]
+        units = (meta.get("data_parallel") or {}).get("deployments") or meta.get("instances") or 1
+    on_ms = sum(max(0.0, min(off, end) - max(on, start)) for on, off in spans)
+    return on_ms / (units * (end - start)) if on_ms > 0 else 1.0
 
 
 def _busy_window(c: dict[str, float], makespan: float, start: float) -> float:
@@ -480,16 +500,17 @@ def kv_window(counters: dict[str, float], start: float, makespan: float) -> floa
 
 
 def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any], makespan: float,
-                    window: float) -> None:
+                    window: float, start: float = 0.0) -> None:
     """KV usage, preemptions, prefix cache, speculation, GPUs and pools: counters and meta only
-    (KV shares over ``window``, busy shares over the makespan)."""
+    (KV shares over ``window`` from ``start``, of the instances on, busy shares over the makespan)."""
     blocks = meta.get("num_blocks") or 0
     instances = meta.get("instances") or 1
     per_instance_blocks = blocks / instances
+    on = on_share(meta, start, start + window)
     m["kv_usage"] = {  # mean over all blocks; peak of the fullest instance; time share averaged over instances
-        "mean": c["kv_block_ms"] / (blocks * window) if blocks and window > 0 else float("nan"),
+        "mean": c["kv_block_ms"] / (blocks * window * on) if blocks and window > 0 else float("nan"),
         "peak": c["kv_peak_blocks"] / per_instance_blocks if blocks else float("nan"),
-        "time_above_90": c["kv_above_ms"] / (window * instances) if window > 0 else float("nan"),
+        "time_above_90": c["kv_above_ms"] / (window * instances * on) if window > 0 else float("nan"),
     }
     m["num_preemptions"] = int(c["num_preemptions"])
     m["requeues"] = int(c.get("requeues", 0))
@@ -580,7 +601,8 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     m["itl_ms"] = itl.result()
     m["client"] = stats.client_view()
     m["client"]["itl_ms"] = m["itl_ms"]
-    _engine_metrics(m, counters, meta, makespan, kv_window(counters, stats.first_arrival, makespan))
+    _engine_metrics(m, counters, meta, makespan, kv_window(counters, stats.first_arrival, makespan),
+                    stats.first_arrival)
     m["prefill_chunks"] = {"mean": stats.chunks_sum / n_ok if n_ok else float("nan"), "max": stats.chunks_max}
     m["cost"] = _cost_metrics(counters, tuple(stats.cost) if stats.costed and n_ok else None)
     m["rejection_reasons"] = dict(stats.reasons)

@@ -376,6 +376,9 @@ def unguarded_main_script() -> str | None:
     schedlab there tried to start workers of its own, failed, and the pool waited for ever (a
     determinism review's driver script)."""
     main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if isinstance(name, str) and name.rpartition(".")[2] == "__main__":  # (python -m pkg: multiprocessing's workers
+        return None                                                       # never import a package's __main__)
     path = getattr(main, "__file__", None)
     if not isinstance(path, str) or not path.endswith(".py") or not os.path.isfile(path):
         return None
