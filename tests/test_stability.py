@@ -372,3 +372,31 @@ def test_plots_mark_overloaded_runs():
 def test_a_growth_past_a_billion_per_minute_is_written_in_scientific_notation():
     """A rate of 1e300 requests/s printed its queue's growth as a 300-digit number (fuzz review)."""
     assert [_per_min(v) for v in (2.61, 83.2, 694.0, 29_512.0, 3.04e22)] == ["2.6", "83", "690", "30,000", "3e+22"]
+
+
+def test_a_streamed_runs_verdict_reports_the_runs_rates_not_its_samples(tmp_path, monkeypatch):
+    """Metrics review s79: past exact_requests the check ran on the uniform sample of rows as if it were the run:
+    a 15 req/s run of 40,000 requests read 'arrivals 7.5/s, capacity 7.06/s'. The sample's counts and rates are
+    reported at the run's scale now (here a 2,000-row sample of 8,000 requests), its verdict the sample's."""
+    from schedlab.results import stream
+    from schedlab.study.experiment import load, run_experiment
+
+    monkeypatch.setattr(stream, "SAMPLE_ROWS", 2000)
+    def stability(exact_requests: int) -> dict:
+        path = tmp_path / f"s{exact_requests}.toml"
+        path.write_text(
+            f'[experiment]\nname = "s"\ntimeline = false\nexact_requests = {exact_requests}\n[workload]\n'
+            'kind = "synthetic"\nnum_requests = 8000\nrate = 15\nprompt = {dist = "uniform", low = 20, high = 800}\n'
+            'output = {dist = "uniform", low = 1, high = 200}\n[cost_model]\nkind = "linear"\n[scheduler]\n'
+            'kind = "continuous"\nmax_num_seqs = 16\n')
+        (run,) = run_experiment(load(path)).all_runs()
+        return run.metrics["stability"]
+
+    streamed, exact = stability(0), stability(100_000)
+    assert streamed["from_sample"] == 2000 and "from_sample" not in exact
+    assert streamed["requests"] == exact["requests"] == 8000
+    assert streamed["arrival_rps"] == pytest.approx(exact["arrival_rps"], rel=0.05)
+    assert exact["arrival_rps"] == pytest.approx(15.0, rel=0.05)
+    assert streamed["capacity_rps"] == pytest.approx(exact["capacity_rps"], rel=0.15)
+    assert streamed["waiting_slope_per_min"] == pytest.approx(exact["waiting_slope_per_min"], rel=0.25)
+    assert f"arrivals {streamed['arrival_rps']:.3g}/s" in stability_text(streamed)

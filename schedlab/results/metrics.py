@@ -637,7 +637,9 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     _fleet_metrics(m, meta, engine_end_ms(counters, stats.last_served if stats.last_served > -math.inf else 0.0),
                    stats.hour_requests, stats.hour_met, bool(slo))
     sample = stats.sample_columns()
-    m["stability"], per_instance_stability = run_stability(sample, instances)
+    rows = int(sample["id"].size)  # (each sampled row stands for requests / rows of the run's)
+    m["stability"], per_instance_stability = run_stability(sample, instances,
+                                                           stats.counts()["requests"] / rows if rows else 1.0)
     m["stability"]["from_sample"] = int(sample["id"].size)
     if instances > 1:
         from .stream import Group

@@ -125,7 +125,7 @@ def _saturation(arrival: np.ndarray, admitted: np.ndarray, finish: np.ndarray) -
 
 
 def queue_stability(arrival_ms: np.ndarray, admitted_ms: np.ndarray, finish_ms: np.ndarray,
-                    departed_ms: np.ndarray | None = None) -> dict[str, Any]:
+                    departed_ms: np.ndarray | None = None, scale: float = 1.0) -> dict[str, Any]:
     """The verdict and its numbers for one queue (see the module doc).
 
     :param arrival_ms: every request's arrival.
@@ -133,7 +133,42 @@ def queue_stability(arrival_ms: np.ndarray, admitted_ms: np.ndarray, finish_ms: 
     :param finish_ms: finish times of the finished requests.
     :param departed_ms: when each left the system (finished, or rejected at arrival), for the
         informative ``in_system_slope_per_min``; None to leave it out.
+    :param scale: requests each row stands for (a streamed run's uniform sample: the run's requests
+        over the sample's): the counts and rates are reported at the run's scale; the verdict is the
+        sample's, whose growth and noise both scale alike (a sample's count is the noisier).
     """
+    out = _queue_stability(arrival_ms, admitted_ms, finish_ms, departed_ms)
+    if scale == 1.0:
+        return out
+    return _scaled(out, scale)
+
+
+def _scaled(out: dict[str, Any], scale: float) -> dict[str, Any]:
+    """``out`` (of a uniform sample) with its counts and rates at the run's scale, its reason
+    rewritten with them (metrics review s79: a 15 req/s run read 'arrivals 7.5/s')."""
+    out = dict(out, requests=int(round(out["requests"] * scale)))
+    for key in ("arrival_rps", "capacity_rps", "waiting_slope_per_min", "growth", "noise", "in_system_slope_per_min"):
+        if out.get(key) is not None:
+            out[key] = out[key] * scale
+    if out.get("fit"):
+        out["fit"] = dict(out["fit"], waiting_at_start=out["fit"]["waiting_at_start"] * scale,
+                          waiting_at_end=out["fit"]["waiting_at_end"] * scale)
+    verdict, reason = out["verdict"], out["reason"]
+    per_min = _per_min(out["waiting_slope_per_min"]) if out.get("waiting_slope_per_min") is not None else None
+    if verdict == "unstable" and reason.startswith("waiting grows"):
+        out["reason"] = f"waiting grows {per_min} requests/min"
+    elif verdict == "inconclusive" and reason.startswith("waiting grows"):
+        out["reason"] = (f"waiting grows {per_min} requests/min, but only by {out['growth']:.0f} over the run "
+                         f"(noise {out['noise']:.0f}): too short to tell")
+    elif verdict == "stable" and reason.startswith("waiting grew"):
+        out["reason"] = (f"waiting grew {per_min} requests/min, but arrivals stay below capacity "
+                         f"(load {out['load']:.2f})")
+    return out
+
+
+def _queue_stability(arrival_ms: np.ndarray, admitted_ms: np.ndarray, finish_ms: np.ndarray,
+                     departed_ms: np.ndarray | None) -> dict[str, Any]:
+    """:func:`queue_stability` of every request's row."""
     arrival = np.asarray(arrival_ms, dtype=float)
     admitted = np.asarray(admitted_ms, dtype=float)
     finish = np.asarray(finish_ms, dtype=float)
@@ -197,11 +232,12 @@ def _per_min(value: float) -> str:
     return f"{rounded:,.0f}" if abs(rounded) >= 10 else f"{rounded:g}"
 
 
-def run_stability(req: dict[str, np.ndarray], instances: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_stability(req: dict[str, np.ndarray], instances: int = 1,
+                  scale: float = 1.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run's stability and, with several instances, each instance's (in instance order).
 
     The run is ``unstable`` when its (summed) queue or any instance's is; ``unstable_instances``
-    lists the instances flagged.
+    lists the instances flagged. ``scale``: requests each row stands for (a streamed run's sample).
     """
     # a capped client's backlog is a backlog: the run counts a request as waiting from when it was
     # due -- unless every request was due at once (a closed loop of clients: no arrival rate, its
@@ -215,14 +251,14 @@ def run_stability(req: dict[str, np.ndarray], instances: int = 1) -> tuple[dict[
     served = req["rejected"] == 0       # left at finish_ms: finished or aborted
     finished = served if "aborted" not in req else served & (req["aborted"] == 0)  # completions
     departed = np.where(served, req["finish_ms"], arrival)
-    run = queue_stability(arrival, admitted, req["finish_ms"][finished], departed)
+    run = queue_stability(arrival, admitted, req["finish_ms"][finished], departed, scale)
     parts: list[dict[str, Any]] = []
     if instances > 1:
         departed_there = np.where(served, req["finish_ms"], engine)
         for k in range(instances):
             mine = req["instance"] == k
             parts.append(queue_stability(engine[mine], admitted[mine], req["finish_ms"][mine & finished],
-                                         departed_there[mine]))
+                                         departed_there[mine], scale))
         flagged = [k for k, part in enumerate(parts) if part["verdict"] == "unstable"]
         run["unstable_instances"] = flagged
         if flagged and run["verdict"] != "unstable":
