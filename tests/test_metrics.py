@@ -177,3 +177,37 @@ def test_the_cost_split_charges_the_tokens_each_request_made():
     assert r.requests["generated_tokens"].tolist() == [3, 10]
     assert r.metrics["cost"]["total_decode_ms"] == pytest.approx(13 * 8.0)
     assert r.metrics["cost"]["total_prefill_ms"] == pytest.approx(8 * 0.5)
+
+
+def test_a_pool_autoscalers_busy_share_is_of_the_instances_it_had_on():
+    """Metrics review s79 (left alone from the run-level fix): a pool of at most 4 instances with one on, busy
+    throughout, read a busy share of 0.25. By hand: 100 ms on of 400 possible; busy 100 ms over that."""
+    from schedlab.results.metrics import _pool_metrics, on_share
+
+    meta = {"scaling": {"pools": {"decode": {"intervals": [(0, 0.0, 100.0)]}}},
+            "pools": {"decode": {"instances": 4}, "prefill": {"instances": 2}}}
+    assert on_share(meta, 0.0, 100.0, "decode") == pytest.approx(0.25)
+    assert on_share(meta, 0.0, 100.0, "prefill") == 1.0          # a pool of fixed size beside it
+    # the run: every pool's instances, the fixed pool's 2 on throughout: (100 + 2 x 100) ms of 6 x 100
+    assert on_share(meta, 0.0, 100.0) == pytest.approx((100.0 + 2 * 100.0) / (6 * 100.0))
+    pool = {"instances": 4, "gpus": 4, "iterations": 10, "busy_ms": 100.0, "kv_block_ms": 50.0, "num_blocks": 4,
+            "kv_peak_share": 0.5}
+    shares = _pool_metrics(pool, 100.0, 100.0, on_share(meta, 0.0, 100.0, "decode"), 0.25)
+    assert shares["busy_share"] == pytest.approx(1.0)
+    assert shares["kv_usage_mean"] == pytest.approx(50 / (4 * 100 * 0.25))
+
+
+def test_a_run_whose_every_request_was_turned_away_serves_0_per_second(tmp_path):
+    """Metrics review s79: every prompt beyond max_model_len, so rejected on arrival: no span at all, and the rates
+    were null where nothing was served (vllm bench serve says 0)."""
+    from schedlab.study.experiment import load, run_experiment
+
+    (tmp_path / "e.toml").write_text(
+        '[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\nprompt = {dist = "fixed", value = 900}\n'
+        'output = {dist = "fixed", value = 5}\n[cost_model]\nkind = "linear"\n[slo]\nttft_ms = 20\n'
+        '[scheduler]\nkind = "continuous"\nmax_model_len = 500\n')
+    (run,) = run_experiment(load(tmp_path / "e.toml")).all_runs()
+    m = run.metrics
+    assert m["rejected"] == 3 and m["makespan_ms"] == 0.0
+    assert (m["throughput_tps"], m["request_throughput_rps"], m["slo"]["goodput_rps"]) == (0.0, 0.0, 0.0)
+    assert m["slo"]["attainment"] == 0.0

@@ -439,8 +439,10 @@ def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waitin
         "timed_out": counts["timed_out"],
         "aborted": counts["aborted"],
         "makespan_ms": makespan,
-        "throughput_tps": generated / seconds if seconds > 0 else float("nan"),
-        "request_throughput_rps": n_ok / seconds if seconds > 0 else float("nan"),
+        # (none made, none completed: 0 per second whatever the span, as vllm bench serve says it -- a
+        # run whose every request was turned away on arrival has no span at all)
+        "throughput_tps": generated / seconds if seconds > 0 else (0.0 if not generated else float("nan")),
+        "request_throughput_rps": n_ok / seconds if seconds > 0 else (0.0 if not n_ok else float("nan")),
         "generated_tokens": generated,
         "iterations": iterations,
         # iterations are summed over instances, and each instance's iteration offers its own slots; the
@@ -460,17 +462,25 @@ def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waitin
     }
 
 
-def on_share(meta: dict[str, Any], start: float, end: float) -> float:
+def on_share(meta: dict[str, Any], start: float, end: float, pool: str | None = None) -> float:
     """The share of the instances' time from ``start`` to ``end`` they were on: 1 for a fixed
     cluster; an autoscaled one's instance-time switched on over its most instances' (busy and KV
     shares are of the instances there were, not of the most there could have been: one busy instance
-    of an autoscaler's 4 read 0.25)."""
+    of an autoscaler's 4 read 0.25). ``pool``: of a disaggregated cluster's pool alone."""
     scaling = meta.get("scaling")
     if not scaling or end <= start:
         return 1.0
-    if "pools" in scaling:
-        spans = [(on, off) for pool in scaling["pools"].values() for _, on, off in pool["intervals"]]
-        units = sum(int((meta.get("pools") or {}).get(name, {}).get("instances") or 1) for name in scaling["pools"])
+    if pool is not None:
+        scaled = (scaling.get("pools") or {}).get(pool)
+        if scaled is None:  # (a pool of fixed size beside an autoscaled one)
+            return 1.0
+        spans = [(on, off) for _, on, off in scaled["intervals"]]
+        units = int((meta.get("pools") or {}).get(pool, {}).get("instances") or 1)
+    elif "pools" in scaling:  # every pool's instances, those of a pool of fixed size on throughout
+        names = list(meta.get("pools") or scaling["pools"])
+        shares = [(on_share(meta, start, end, name), int((meta.get("pools") or {}).get(name, {}).get("instances") or 1))
+                  for name in names]
+        return sum(share * n for share, n in shares) / sum(n for _, n in shares)
     else:
         spans = [(on, off) for _, on, off in scaling["intervals"]]
         units = (meta.get("data_parallel") or {}).get("deployments") or meta.get("instances") or 1
@@ -556,7 +566,9 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
         m["speculative"] = speculative_metrics(c)
     m["gpus"] = int(meta.get("gpus") or instances)
     if meta.get("pools"):
-        m["pools"] = {name: _pool_metrics(pool, makespan, window) for name, pool in meta["pools"].items()}
+        m["pools"] = {name: _pool_metrics(pool, makespan, window, on_share(meta, start, start + makespan, name),
+                                          on_share(meta, start, start + window, name))
+                      for name, pool in meta["pools"].items()}
         # pools differ in size: the fullest instance's share is its own pool's, not the mean size's
         m["kv_usage"]["peak"] = max(float(pool["kv_peak_share"]) for pool in meta["pools"].values())
 
@@ -676,15 +688,18 @@ def speculative_metrics(c: dict[str, float]) -> dict[str, float]:
 # -- disaggregated prefill and decode (DistServe, vLLM P/D) ---------------------------------------------
 
 
-def _pool_metrics(pool: dict, makespan: float, window: float) -> dict[str, Any]:
-    """One pool's size and load: the share of the makespan its instances were busy, and its KV usage."""
+def _pool_metrics(pool: dict, makespan: float, window: float, on: float = 1.0,
+                  kv_on: float = 1.0) -> dict[str, Any]:
+    """One pool's size and load: the share of the makespan its instances were busy, and its KV usage
+    (``on``, ``kv_on``: the share of its instances' time they were on, over each span)."""
     n = pool["instances"]
     return {
         "instances": n,
         "gpus": pool["gpus"],
         "iterations": int(pool["iterations"]),
-        "busy_share": pool["busy_ms"] / (makespan * n) if makespan > 0 else float("nan"),
-        "kv_usage_mean": pool["kv_block_ms"] / (pool["num_blocks"] * window) if window > 0 else float("nan"),
+        "busy_share": pool["busy_ms"] / (makespan * n * on) if makespan > 0 else float("nan"),
+        "kv_usage_mean": (pool["kv_block_ms"] / (pool["num_blocks"] * window * kv_on)
+                          if window > 0 else float("nan")),
         "kv_usage_peak": float(pool["kv_peak_share"]),
     }
 
@@ -882,7 +897,7 @@ def _slo_metrics(req, ok, slo: dict, seconds: float) -> dict[str, float]:
 
 def _attainment(met: int, n: int, seconds: float) -> dict[str, float]:
     return {"attainment": float(met / n) if n else float("nan"),
-            "goodput_rps": float(met / seconds) if seconds > 0 else float("nan"),
+            "goodput_rps": float(met / seconds) if seconds > 0 else (0.0 if not met else float("nan")),
             "met": met}
 
 
