@@ -477,9 +477,9 @@ def on_share(meta: dict[str, Any], start: float, end: float, pool: str | None = 
         spans = [(on, off) for _, on, off in scaled["intervals"]]
         units = int((meta.get("pools") or {}).get(pool, {}).get("instances") or 1)
     elif "pools" in scaling:  # every pool's instances, those of a pool of fixed size on throughout
-        names = list(meta.get("pools") or scaling["pools"])
-        shares = [(on_share(meta, start, end, name), int((meta.get("pools") or {}).get(name, {}).get("instances") or 1))
-                  for name in names]
+        sizes = {name: int((meta.get("pools") or {}).get(name, {}).get("instances") or 1)
+                 for name in (meta.get("pools") or scaling["pools"])}
+        shares = [(on_share(meta, start, end, name), n) for name, n in sizes.items()]
         return sum(share * n for share, n in shares) / sum(n for _, n in shares)
     else:
         spans = [(on, off) for _, on, off in scaling["intervals"]]
