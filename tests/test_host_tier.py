@@ -160,10 +160,54 @@ def test_the_hit_leaves_a_token_to_compute_across_tiers():
     a.request = req(0, 8, prefix_group="s", prefix_tokens=8)
     admit(cache, a)                            # 8 tokens: g3 and g7, both full
     cache.free(a)
-    admit(cache, Seq(req(1, 8)))               # both evicted to the host
+    filler = Seq(req(1, 8))
+    admit(cache, filler)                       # both evicted to the host
     assert host.lru_keys() == [G(7), G(3)]
+    cache.free(filler)
     again = Seq(req(2, 8, prefix_group="s", prefix_tokens=8))
-    assert cache.cached_tokens(again) == 4     # at most num_tokens - 1 = 7 tokens: one block
+    # vLLM 0.33: the GPU finds nothing; the connector looks up 8 // 4 = 2 blocks from there and
+    # loads both, and the scheduler computes the last token again once the load is in
+    # (num_computed_tokens = 8 - 1), where the GPU alone would stop at (8 - 1) // 4 = 1 block
+    assert cache.cached_tokens(again) == 7
+    assert cache.blocks_needed(again, 1, cached_tokens=7) == 2   # both loaded into fresh blocks
+    admit(cache, again)
+    assert host.loaded == 2
+    assert again.num_computed_tokens == 8
+    assert {k: cache.ref_count(k) for k in cache.cached_keys()} == {G(3): 1, G(7): 1}
+    cache.check_invariants()
+
+
+def test_a_whole_prompt_on_the_gpu_loads_its_last_block_from_a_write_through_host():
+    # B=4, 4 GPU blocks. A (8 tokens, both blocks a shared prefix) leaves g3 and g7 cached on the
+    # GPU, copied to the host as computed. B, the same 8 tokens: the GPU's lookup stops at
+    # (8 - 1) // 4 = 1 block (g3, referenced); the connector's starts there and finds g7 on the
+    # host, loaded into a fresh block beside the GPU's own copy (vLLM allocates it afresh)
+    host = HostTier(4, write_policy="write_through")
+    cache = PrefixKVCache(4, 4, host=host)
+    a = Seq(req(0, 8, prefix_group="s", prefix_tokens=8))
+    admit(cache, a)
+    cache.free(a)
+    assert cache.cached_keys() == {G(3), G(7)} and sorted(host.lru_keys()) == sorted([G(3), G(7)])
+    b = Seq(req(1, 8, prefix_group="s", prefix_tokens=8))
+    assert cache.cached_tokens(b) == 7
+    assert cache.blocks_needed(b, 1, cached_tokens=7) == 2      # g3 revived + one fresh for g7
+    admit(cache, b)
+    assert host.loaded == 1
+    cache.check_invariants()
+
+
+def test_a_whole_prompt_on_the_gpu_alone_recomputes_its_last_block():
+    # the same, write-back: nothing reached the host, the GPU's hit stops a block short
+    host = HostTier(4)
+    cache = PrefixKVCache(4, 4, host=host)
+    a = Seq(req(0, 8, prefix_group="s", prefix_tokens=8))
+    admit(cache, a)
+    cache.free(a)
+    assert host.lru_keys() == []
+    b = Seq(req(1, 8, prefix_group="s", prefix_tokens=8))
+    assert cache.cached_tokens(b) == 4
+    admit(cache, b)
+    assert host.loaded == 0 and b.num_computed_tokens == 8
 
 
 # --- the tier under SGLang's radix tree: hand-computed ----------------------------------------------
@@ -270,7 +314,8 @@ def test_a_host_tier_smaller_than_a_block_is_an_error_from_the_cli(validated):
 class HostShadow(Shadow):
     """:class:`test_prefix_cache.Shadow` with a host list: a GPU eviction of an identified block
     appends its key (unless present; the head drops out when full), an admission's hit walks the
-    GPU table, else the host list, block by block, and loads move keys to the end."""
+    GPU table from block 0, then the host list from where that ends (vLLM's connector after the
+    GPU lookup), and loads move keys to the end."""
 
     def __init__(self, num_blocks, bs, swap_blocks, host_blocks):
         super().__init__(num_blocks, bs, swap_blocks)
@@ -294,21 +339,26 @@ class HostShadow(Shadow):
             index = self.host_index.get(k)
         return k if index == j else None
 
-    def hit_entries(self, request, limit):
+    def hit_entries(self, seq, limit):
+        """The GPU's hit (at most ``num_tokens - 1`` tokens: whole blocks), then the host's."""
         found = []
-        for j in range(limit):
-            b = self._find(request, j)
-            if b is not None:
-                found.append(("gpu", b))
-                continue
-            k = self._host_find(request, j)
+        for j in range(min(limit, (seq.num_tokens - 1) // self.bs)):
+            b = self._find(seq.request, j)
+            if b is None:
+                break
+            found.append(("gpu", b))
+        for j in range(len(found), limit):
+            k = self._host_find(seq.request, j)
             if k is None:
                 break
             found.append(("host", k))
         return found
 
     def cached_tokens(self, seq):
-        return len(self.hit_entries(seq.request, (seq.num_tokens - 1) // self.bs)) * self.bs
+        # get_num_new_matched_tokens looks up num_tokens // block_size blocks; a hit of them all
+        # computes the last token again (the scheduler's num_computed_tokens -= 1)
+        found = len(self.hit_entries(seq, seq.num_tokens // self.bs)) * self.bs
+        return seq.num_tokens - 1 if found == seq.num_tokens else found
 
     def _pop(self):
         b = self.free[0]
@@ -328,7 +378,8 @@ class HostShadow(Shadow):
 
     def _plan(self, name, seq, n, cached, reserve):
         owned = self.owned.get(name, [])
-        hits = self.hit_entries(seq.request, cached // self.bs) if cached and not owned else []
+        whole = cached == seq.num_tokens - 1 and not seq.num_tokens % self.bs
+        hits = self.hit_entries(seq, seq.num_tokens // self.bs if whole else cached // self.bs) if cached and not owned else []
         total = math.ceil(max(seq.num_computed_tokens + cached + n, reserve, seq.reserved_tokens) / self.bs)
         gpu = [b for kind, b in hits if kind == "gpu"]
         fresh = total - len(owned) - len(gpu)
@@ -403,7 +454,7 @@ class HostTierMachine(SwappingMachine):
         self.next_id += 1
         seq = d.seqs[name]
         hit = self.cache.cached_tokens(seq)
-        d.admit(d._named("waiting").index(name), seq.num_tokens - hit - 1, False)
+        d.admit(d._named("waiting").index(name), max(1, seq.num_tokens - hit - 1), False)
         if name in d.seqs and seq.status != "waiting":
             d.finish(sorted(d._named("prefilling") + d._named("decoding")).index(name))
 
@@ -437,8 +488,9 @@ class HostTierMachine(SwappingMachine):
     def hits_leave_a_token_to_compute(self):
         for seq in self.driver.seqs.values():
             if seq.status == "waiting":
-                hit = self.cache.cached_tokens(seq)
-                assert hit <= seq.num_tokens - 1 and hit % self.cache.block_size == 0
+                hit, tokens, bs = self.cache.cached_tokens(seq), seq.num_tokens, self.cache.block_size
+                # whole blocks, or a whole input of them but its last token (its last block loaded)
+                assert hit <= tokens - 1 and (hit % bs == 0 or (hit == tokens - 1 and tokens % bs == 0))
 
 
 HostTierMachine.TestCase.settings = settings(

@@ -82,9 +82,15 @@ Simplifications (documented, deliberate):
 
 Host tier. With a :class:`~.host_tier.HostTier` (``host``), an identified block is copied to
 host memory when it is identified (``write_through``) or when the free queue evicts it
-(``write_back``), with its window KV if it keeps one, and a lookup that misses on the GPU continues there block by
-block: :meth:`PrefixKVCache.cached_tokens` counts both tiers, and an admission loads the host
-blocks into fresh GPU blocks that take their keys (the engine charges the reload time).
+(``write_back``), with its window KV if it keeps one, and a lookup continues there where the
+GPU's hit ends, block by block, as vLLM 0.33 asks its ``OffloadingConnector`` after the GPU lookup
+(``get_num_new_matched_tokens(request, num_computed_tokens)``: consecutive hits from the GPU's
+end): :meth:`PrefixKVCache.cached_tokens` counts both tiers, and an admission loads the host
+blocks into fresh GPU blocks that take their keys (the engine charges the reload time). The
+GPU's hit stops a block short of a prompt of whole blocks (``num_tokens - 1``), the host's does
+not (``num_tokens // block_size`` blocks): a prompt whose last block is on the host loads it and
+computes its last token again (the scheduler's ``num_computed_tokens -= 1`` once the load is in),
+where the GPU alone recomputes the block.
 
 Window layers. With a ``window`` (:mod:`schedlab.kv_window`), a sequence's window blocks are
 anonymous blocks of the same pool (:class:`~.paged.PagedKVCache`): taken from the free queue's
@@ -246,37 +252,45 @@ class PrefixKVCache(PagedKVCache):
             index = host.index_of(key)
         return key if index == j else None
 
-    def _hits(self, request, limit: int) -> list:
-        """The cached blocks ``0, 1, ...`` of ``request``, stopping at the first miss or at
-        ``limit``: a :class:`_Block` on the GPU, else the key of a host-tier block."""
+    def _hits(self, request, limit: int, gpu_limit: int | None = None) -> list:
+        """The cached blocks ``0, 1, ...`` of ``request``: a :class:`_Block` for each found on the
+        GPU, up to the first miss or ``gpu_limit`` (default ``limit``), then the key of each found
+        in the host tier from there, up to the first miss or ``limit``."""
         found = []
-        host = self.host
-        for j in range(limit):
-            block = self._find(request, j)
-            if block is None and host is not None:
-                block = self._find_host(request, j)
-            if block is None:
-                break
+        j = 0
+        end = limit if gpu_limit is None or gpu_limit > limit else gpu_limit
+        while j < end and (block := self._find(request, j)) is not None:
             found.append(block)
+            j += 1
+        if self.host is not None:
+            while j < limit and (key := self._find_host(request, j)) is not None:
+                found.append(key)
+                j += 1
         return found
 
     def cached_tokens(self, seq) -> int:
         if self.on_free and self.window is None:
             return self._whole_input_hit(seq)
-        n = self._blocks_found(seq.request, (seq.num_tokens - 1) // self.block_size)
+        tokens = seq.num_tokens
         if self.window is None:
-            return n * self.block_size
+            if self.host is not None and not tokens % self.block_size:  # the host may hold the last block
+                n = self._blocks_found(seq.request, tokens // self.block_size, (tokens - 1) // self.block_size)
+                return tokens - 1 if n * self.block_size == tokens else n * self.block_size
+            return self._blocks_found(seq.request, (tokens - 1) // self.block_size) * self.block_size
+        n = self._blocks_found(seq.request, (tokens - 1) // self.block_size)
         self._full_hit = (seq, self.epoch, n)
         return self._window_hit(seq.request, n) * self.block_size
 
-    def _blocks_found(self, request, limit: int) -> int:
-        """How many of ``request``'s blocks ``0, 1, ...`` are cached, on the GPU or the host tier,
-        up to ``limit``."""
+    def _blocks_found(self, request, limit: int, gpu_limit: int | None = None) -> int:
+        """How many of ``request``'s blocks ``0, 1, ...`` are cached, as :meth:`_hits` finds them."""
         n = 0
-        host = self.host
-        while n < limit and (self._find(request, n) is not None
-                             or (host is not None and self._find_host(request, n) is not None)):
+        end = limit if gpu_limit is None or gpu_limit > limit else gpu_limit
+        while n < end and self._find(request, n) is not None:
             n += 1
+        host = self.host
+        if host is not None:
+            while n < limit and self._find_host(request, n) is not None:
+                n += 1
         return n
 
     def _whole_input_hit(self, seq) -> int:
@@ -289,12 +303,21 @@ class PrefixKVCache(PagedKVCache):
         return tokens - 1 if hit == tokens else hit
 
     def _hit_blocks(self, seq, cached_tokens: int) -> int:
-        """The blocks a hit of ``cached_tokens`` references: its whole blocks, or cached when freed
-        every block of an input found whole (its last token computed again in its block, TGI)."""
+        """The blocks a hit of ``cached_tokens`` references: its whole blocks, or every block of an
+        input of whole blocks found whole -- cached when freed (TGI), or its last block on the host
+        tier (vLLM's connector) -- its last token computed again in its block."""
         tokens = seq.num_tokens
-        if self.on_free and cached_tokens == tokens - 1 and not tokens % self.block_size and self.window is None:
+        if cached_tokens == tokens - 1 and not tokens % self.block_size and self.window is None and (
+                self.on_free or self.host is not None):
             return tokens // self.block_size
         return cached_tokens // self.block_size
+
+    def _gpu_hit_limit(self, seq) -> int | None:
+        """How many blocks of a lookup may come from the GPU: ``num_tokens - 1`` tokens' whole
+        blocks beside a host tier (the rest of a whole input is the connector's), else no limit."""
+        if self.host is None or self.on_free or self.window is not None:
+            return None
+        return (seq.num_tokens - 1) // self.block_size
 
     def _window_hit(self, request, full: int) -> int:
         """The hit in blocks where the window layers' blocks are cached too, below a full-attention
@@ -346,7 +369,8 @@ class PrefixKVCache(PagedKVCache):
         """(hits: GPU blocks to reference and host keys to load, fresh blocks to take -- the
         loads' included --, blocks leaving the free pool)."""
         held = self.held(seq)
-        hits = self._hits(seq.request, self._hit_blocks(seq, cached_tokens)) if cached_tokens and not held else []
+        hits = self._hits(seq.request, self._hit_blocks(seq, cached_tokens),
+                          self._gpu_hit_limit(seq)) if cached_tokens and not held else []
         tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
         if reserve_tokens > tokens:
             tokens = reserve_tokens
