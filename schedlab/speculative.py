@@ -259,6 +259,13 @@ class Speculation:
             self._given = tuple(int(min(1.0, b / a) * 2.0 ** 64) if a > 0 else 0
                                 for a, b in zip(shares, shares[1:]))
 
+    def slack_for(self, request) -> int:
+        """KV slots ``request``'s last step may hold past its last token: that step's ``k`` drafts and
+        the lookahead slots, or only the lookahead for a one-token answer (``max_tokens = 1``, every
+        request a disaggregated prefill pool serves), whose one step is its prefill, verifying no
+        drafts (review s80 specpp, finding 4)."""
+        return self.lookahead if request.max_output_tokens <= 1 else self.slack
+
     def configure_cache(self, kv) -> None:
         """Tell a prefix cache that keys blocks by content what this drafter's KV depends on
         (``KVCache.use_hash_lookahead``, optional); the engines call it once, at construction."""
@@ -325,21 +332,30 @@ class Speculation:
         step's drafts and lookahead take -- no further than ``longest`` tokens (``max_model_len``;
         0: no limit), which vLLM's drafts and slots never pass; None when it fits."""
         most = request.max_output_tokens
-        if longest and request.prompt_tokens + most + self.slack > longest:
+        slack = self.slack_for(request)
+        scheduler = getattr(reason_of, "scheduler", None)
+        if longest and request.prompt_tokens + most + slack > longest:
             # a decode's input stays below longest, its lookahead slots at it: at most longest - 1
             # slots (longest with a lookahead), a "max_tokens" of longest - prompt (+ 1); asked as an
             # output without max_tokens, which no context rule of the scheduler's counts
-            padded = min(most + self.slack, longest - request.prompt_tokens + (1 if self.lookahead else 0))
+            padded = min(most + slack, longest - request.prompt_tokens + (1 if self.lookahead else 0))
+            asked = attrs.evolve(request, max_tokens=None, output_tokens=padded)
+            reserve = getattr(scheduler, "kv_reservation", None)
+            # a reserving scheduler's engine holds no more than longest slots (Plan.admit caps the
+            # reservation there), which its rule counts as prompt + max_tokens (or one less): asked
+            # so that its reservation stays within longest (review s80 specpp, finding 1)
+            while reserve is not None and padded > most and reserve(asked) > longest:
+                padded -= 1
+                asked = attrs.evolve(request, max_tokens=None, output_tokens=padded)
             if padded <= most:
                 return None  # (the scheduler's own rule has said it fits)
-            asked = attrs.evolve(request, max_tokens=None, output_tokens=padded)
         else:
-            padded = most + self.slack
+            padded = most + slack
             asked = attrs.evolve(request, max_tokens=padded)
         reason = reason_of(asked, kv)
         if reason:
             return f"{reason} (max_tokens {most} + {padded - most} speculative slots)"
-        return self._first_step_reason(getattr(reason_of, "scheduler", None), request, kv, longest)
+        return self._first_step_reason(scheduler, request, kv, longest)
 
     def _first_step_reason(self, scheduler, request, kv, longest: int) -> str | None:
         """Why the prompt of ``request``, prefilled in one step, can never be admitted with its

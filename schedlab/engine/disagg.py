@@ -364,7 +364,10 @@ class DisaggregatedCluster:
             reason = pool_reason("prefill", target.spec.rejection_reason(target._rejection_reason, first, target.kv,
                                                                          target.longest))
         at = target.index
-        if not reason:  # the decode pool is uniform: its first instance answers for it, and records it
+        # the decode pool is uniform: its first instance answers for it, and records it -- unless the
+        # request finishes on the prefill instance, a one-token answer whose token is the client's
+        # (first_token = "prefill", hand_off) and never reaches the decode pool (review s80 specpp, 2)
+        if not reason and not (self.first_token == "prefill" and request.target_tokens <= 1):
             decode0 = self.decode[0]
             if decode0.limit_request is not None:
                 request = decode0.limit_request(request, decode0.kv)

@@ -763,7 +763,7 @@ class FastPlan:
         spec = self._inst.spec
         if spec is not None:
             if reserve_tokens:
-                reserve_tokens += spec.slack  # the last step's drafts and lookahead slots
+                reserve_tokens += spec.slack_for(seq.request)  # the last step's drafts and lookahead slots
             slots = hit + num_tokens + padding + spec.lookahead
             if reserve_tokens < slots and (padding or spec.lookahead):
                 reserve_tokens = slots  # (see prefill)

@@ -280,7 +280,7 @@ class RefPlan:
         spec = self._e.spec
         if spec is not None:
             if reserve_tokens:
-                reserve_tokens += spec.slack
+                reserve_tokens += spec.slack_for(seq.request)
             # a drafter writing KV past the step's tokens takes its lookahead slots with a
             # prompt chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
             if padding or spec.lookahead:  # (placeholder drafts take slots as drafts do)

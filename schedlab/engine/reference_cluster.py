@@ -523,7 +523,9 @@ class DisaggregatedReference(ReferenceCluster):
         if not reason and inst.spec is not None:
             reason = pool_reason("prefill", inst.spec.rejection_reason(inst.reason_of, first, inst.kv, inst.longest))
         at = inst.index
-        if not reason:  # (the decode pool is uniform: its first instance answers for it, and records it)
+        # (the decode pool is uniform: its first instance answers for it, and records it; a one-token
+        # answer whose token is the prefill instance's never reaches it, as DisaggregatedCluster.arrive)
+        if not reason and not (self.first_token == "prefill" and request.target_tokens <= 1):
             if decode0.limit_request is not None:
                 request = decode0.limit_request(request, decode0.kv)
             reason = pool_reason("decode", self.decode_reason(request, decode0.kv))

@@ -272,13 +272,13 @@ def pull_reservation(scheduler, request, spec, longest: int) -> int:
     """Tokens of KV a decode instance holds for ``request`` when it pulls its prompt's KV, as an
     admission there would (``Plan.admit``): its scheduler's :func:`kv_reservation` and, when that
     is one and the instance speculates, the last step's drafts and lookahead slots
-    (``spec.slack``), no further than ``longest`` (max_model_len; 0: no limit). Without the slack
+    (``spec.slack_for``), no further than ``longest`` (max_model_len; 0: no limit). Without the slack
     a reserving scheduler (static, TGI), which never preempts, stalled once its requests grew into
     slots they never reserved (review specdisagg, finding 1). A pull itself takes no lookahead
     slot (vLLM allocates none for remote KV)."""
     reserve = kv_reservation(scheduler, request)
     if reserve and spec is not None:
-        reserve += spec.slack
+        reserve += spec.slack_for(request)
         if longest and reserve > longest:
             reserve = max(longest, request.prompt_tokens)
     return reserve
