@@ -11,7 +11,10 @@ stage's ranks all-gather the two tensors before they run (vLLM 0.19
 ``GroupCoordinator.isend_tensor_dict`` / ``irecv_tensor_dict`` with ``all_gather_group =
 get_tp_group()``, called from ``gpu_worker.py``; a tensor whose size does not divide by ``tp``
 is sent whole). The receiving stage waits for both, so both are in the time from one stage to
-the next.
+the next. Ranks are numbered tensor-parallel first (``pp_rank x tp + tp_rank``), so stage ``k``
+holds GPUs ``k x tp`` to ``(k + 1) x tp - 1`` and a pipeline over several nodes crosses between
+nodes only where a stage starts a node: that hop's send takes the network, the others stay in
+a node (``send_ms`` then gives each hop's time).
 
 A cost model splits its iteration time into what runs once before the first layer, what
 runs once after the last, and the layers' share, which is the same for every layer of a
@@ -54,28 +57,47 @@ class PipelineSends:
             raise ConfigError(f"model {model.name!r}: hidden_size is needed for the activations sent between "
                               "pipeline stages")
         self.layers = stage_layers(model.num_layers, stages)
-        # Two neighbouring stages share a node unless the pipeline needs more GPUs than one holds.
-        per_node = 2 if stages * tensor_parallel <= topology.gpus_per_node else 1
-        self.collectives = Collectives(topology, 2, per_node)
+        #: whether the send from stage k to stage k + 1 leaves a node (any of its rank pairs)
+        self.hop_crosses = hop_crosses(stages, tensor_parallel, topology.gpus_per_node)
+        # a send within a node, and one between nodes (built only where a hop needs it)
+        self.collectives = None if all(self.hop_crosses) else Collectives(topology, 2, 2)
+        self.network = Collectives(topology, 2, 1) if any(self.hop_crosses) else None
         # The receiving stage's tensor-parallel group, which all-gathers the slices.
         self.gather = Collectives(topology, tensor_parallel)
         self.tensor_parallel = tensor_parallel
         self._hidden = model.hidden_size
         self._tensor_bytes_per_token = model.hidden_size * model.dtype_bytes  # one of the two tensors
-        self._memo: dict[int, float] = {}
+        self._memo: dict[int, float | tuple[float, ...]] = {}
 
-    def send_ms(self, tokens: int) -> float:
+    def send_ms(self, tokens: int) -> float | tuple[float, ...]:
         """Sending ``tokens`` tokens' activations from one stage to the next: hidden states and
         residual, each as ``1 / tp`` slices then all-gathered by the next stage's ranks (whole when
-        ``tokens x hidden_size`` does not divide by ``tp``)."""
+        ``tokens x hidden_size`` does not divide by ``tp``). One time for every hop, or each hop's
+        when some leave a node and others do not (``pipeline_ms``'s send may be either)."""
         ms = self._memo.get(tokens)
         if ms is None:
-            tensor = tokens * self._tensor_bytes_per_token
-            tp = self.tensor_parallel
-            if tp > 1 and (tokens * self._hidden) % tp == 0:
-                ms = self.collectives.send_recv_ms(2 * tensor / tp) + 2 * self.gather.all_gather_ms(tensor)
+            inside = self._one_send(self.collectives, tokens) if self.collectives is not None else None
+            across = self._one_send(self.network, tokens) if self.network is not None else None
+            if across is None or inside is None:
+                ms = inside if across is None else across
             else:
-                ms = self.collectives.send_recv_ms(2 * tensor)
+                ms = tuple(across if crosses else inside for crosses in self.hop_crosses)
             if len(self._memo) < 1 << 16:
                 self._memo[tokens] = ms
         return ms
+
+    def _one_send(self, link: Collectives, tokens: int) -> float:
+        tensor = tokens * self._tensor_bytes_per_token
+        tp = self.tensor_parallel
+        if tp > 1 and (tokens * self._hidden) % tp == 0:
+            return link.send_recv_ms(2 * tensor / tp) + 2 * self.gather.all_gather_ms(tensor)
+        return link.send_recv_ms(2 * tensor)
+
+
+def hop_crosses(stages: int, tensor_parallel: int, gpus_per_node: int) -> tuple[bool, ...]:
+    """For each hop from stage ``k`` to ``k + 1``, whether a rank sends to a GPU of another node:
+    rank ``i`` of stage ``k`` is GPU ``k x tp + i`` (vLLM numbers ranks tensor-parallel first) and
+    sends to GPU ``(k + 1) x tp + i``; nodes hold ``gpus_per_node`` consecutive GPUs."""
+    tp = tensor_parallel
+    return tuple(any((k * tp + i) // gpus_per_node != ((k + 1) * tp + i) // gpus_per_node for i in range(tp))
+                 for k in range(stages - 1))

@@ -127,7 +127,7 @@ import attrs
 
 from ..capacity import GpuSpec
 from ..configs import float_field, str_field
-from ..engine.clock import check_iteration_ms, check_pipeline_ms, check_step_increment
+from ..engine.clock import check_iteration_ms, check_pipeline_ms, check_step_increment, hops_ms
 from ..errors import ConfigError
 from ..protocols import Batch
 
@@ -490,7 +490,7 @@ class ClockedCostModel:
         elif batch.prefill_tokens or not batch.num_decode:
             r = 1.0  # prompt tokens: the highest clock (TTFT)
         else:
-            r, hops = 1.0, (len(stage_ms) - 1) * send_ms
+            r, hops = 1.0, hops_ms(send_ms, len(stage_ms))
             for level in self.levels:
                 if sum(at(level)) + hops <= self.target:
                     r = level

@@ -59,9 +59,10 @@ def check_part_ms(duration, batch, method: str) -> float:
                           "it must be a finite number >= 0")
 
 
-def check_pipeline_ms(result, batch) -> tuple[tuple, float]:
+def check_pipeline_ms(result, batch) -> tuple[tuple, float | tuple]:
     """``pipeline_ms(batch)``'s ``(stage_ms, send_ms)`` if it has that shape: a sequence of
-    finite stage times >= 0, not all 0, and a finite send time >= 0; else
+    finite stage times >= 0, not all 0, and a finite send time >= 0 -- one for every hop, or a
+    sequence of one per hop (``stages - 1``: hop ``k`` from stage ``k`` to ``k + 1``); else
     :class:`SimulationError` naming the batch."""
     try:
         stage_ms, send_ms = result
@@ -74,7 +75,20 @@ def check_pipeline_ms(result, batch) -> tuple[tuple, float]:
     if not any(stages):
         raise SimulationError(f"cost model's pipeline_ms returned stage times {stages!r} for {batch}; "
                               "a batch that computes must take time on some stage")
+    if isinstance(send_ms, (tuple, list)):
+        if len(send_ms) != len(stages) - 1:
+            raise SimulationError(f"cost model's pipeline_ms returned {len(send_ms)} send times for {len(stages)} "
+                                  f"stages ({batch}); give one per hop ({len(stages) - 1}) or one number for all")
+        return stages, tuple(check_part_ms(ms, batch, "pipeline_ms (a hop's send)") for ms in send_ms)
     return stages, check_part_ms(send_ms, batch, "pipeline_ms (the send)")
+
+
+def hops_ms(send_ms, stages: int) -> float:
+    """The sends of one batch's trip through ``stages`` stages (``send_ms`` as
+    :func:`check_pipeline_ms` returns it: one time for every hop, or each hop's)."""
+    if isinstance(send_ms, tuple):
+        return sum(send_ms)
+    return (stages - 1) * send_ms
 
 
 def check_step_increment(inc, batch):

@@ -311,17 +311,19 @@ class StageClock:
         self.free = [-math.inf] * stages
         self.starts = [0.0] * stages
 
-    def launch(self, t: float, stage_ms, send_ms: float) -> float:
+    def launch(self, t: float, stage_ms, send_ms) -> float:
         """A batch launched at ``t`` taking ``stage_ms[k]`` on stage ``k`` and ``send_ms`` from one
-        stage to the next: each stage starts it once it has arrived and the stage's previous
-        batch is done (``starts[k]``). Returns when its last stage finishes."""
+        stage to the next (a number for every hop, or a tuple of each hop's): each stage starts it
+        once it has arrived and the stage's previous batch is done (``starts[k]``). Returns when
+        its last stage finishes."""
         free, starts = self.free, self.starts
         ready = t
+        per_hop = isinstance(send_ms, tuple)
         for k, ms in enumerate(stage_ms):
             starts[k] = start = ready if ready > free[k] else free[k]
             free[k] = ready = start + ms
             if k + 1 < len(free):
-                ready += send_ms
+                ready += send_ms[k] if per_hop else send_ms
         return ready
 
 

@@ -33,6 +33,7 @@ class ParallelPrices:
     dispatch_ms_per_token: float = 0.125  # per token of the largest rank (all-gather and reduce-scatter, padded)
     send_ms_per_token: float = 0.0625    # pipeline: activations of one token from a stage to the next
     send_base_ms: float = 0.25
+    hop_send_scale: tuple = ()            # pipeline: each hop's send as a multiple of the above (() : one send)
     # the work of a lockstep step on one GPU (bytes, FLOPs), for power models:
     rank_bytes: float = 2e9                # a rank's own weights, read every step it computes
     bytes_per_token: float = 1e8           # ... and per token of its batch
@@ -97,7 +98,10 @@ class LinearParallelCost:
     def pipeline_ms(self, batch):
         share = self.iteration_ms(batch) / self.stages
         p = self.prices
-        return (share,) * self.stages, p.send_base_ms + p.send_ms_per_token * batch.num_batched_tokens
+        send = p.send_base_ms + p.send_ms_per_token * batch.num_batched_tokens
+        if p.hop_send_scale:
+            return (share,) * self.stages, tuple(send * scale for scale in p.hop_send_scale)
+        return (share,) * self.stages, send
 
     def work(self, batch) -> tuple[float, float]:
         """An iteration's work on one GPU: its own part and (a MoE model) its tokens' experts."""
