@@ -578,3 +578,12 @@ def test_a_whole_number_beyond_int64_is_refused_alike_by_every_reader(tmp_path, 
     line = 2 if fmt == "jsonl" else 3
     assert len(messages) == 1
     assert f"line {line}: prompt_tokens: must be a whole number from 1 to 9,223,372,036,854,775,807" in messages.pop()
+    # with the field's own bound, that bound is named (it said the int64 range: review s80 workloads)
+    for name in ("ints", "optional_ints"):
+        bounded = set()
+        for reader, records in read_all(path).items():
+            with pytest.raises(WorkloadError) as error:
+                getattr(records, name)("prompt_tokens", min=1, max=10**8)
+            bounded.add(str(error.value))
+        assert len(bounded) == 1
+        assert f"line {line}: prompt_tokens: must be <= 10**8, got " in bounded.pop()

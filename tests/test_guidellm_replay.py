@@ -308,3 +308,35 @@ def test_a_concurrent_strategy_without_streams_is_named(tmp_path):
     with pytest.raises(WorkloadError, match=r"benchmark 0: strategy concurrent: streams must be a whole number >= 1, "
                                             r"got None"):
         make_guidellm_workload(GuidellmConfig(path=path))
+
+
+@pytest.mark.parametrize("entry", [old_entry, new_entry])
+@pytest.mark.parametrize(("first", "last", "end", "message"), [
+    (9.0, 10.9, 11.0, r"first token time 9.0 is before its start 10.0"),       # TTFT -1 s
+    (10.9, 10.2, 11.0, r"last token time 10.2 is before its first token time 10.9"),  # TPOT < 0
+    (10.1, 15.0, 11.0, r"last token time 15.0 is after its end 11.0"),
+])
+def test_token_times_out_of_order_are_named(tmp_path, entry, first, last, end, message):
+    """As the inference-perf reader refuses them: they loaded and gave a negative measured TTFT
+    or TPOT to compare against (review s80 workloads, finding 1)."""
+    rows = [entry(10.0, 10.1, 10.5, 10.6, 8, 3), entry(10.0, first, last, end, 8, 5)]
+    path = report(tmp_path, [benchmark(rows, total=2)])
+    with pytest.raises(WorkloadError, match=r"benchmark 0: requests.successful\[1\]: its " + message):
+        make_guidellm_workload(GuidellmConfig(path=path))
+
+
+def test_an_empty_answer_is_left_out_and_said(tmp_path):
+    """A successful request with 0 output tokens is left out with a warning, as vllm bench serve's,
+    inference-perf's and ML.ENERGY's readers do (it stopped the whole load)."""
+    from schedlab_plugins.workloads.measured import BenchReplayWarning
+
+    rows = [new_entry(10.0, 10.1, 10.5, 10.6, 8, 3), {**new_entry(10.2, None, None, 10.3, 8, 0)}]
+    path = report(tmp_path, [benchmark(rows, total=2)])
+    with pytest.warns(BenchReplayWarning, match=r"benchmark 0: 1 of its 2 successful requests have 0 output tokens"):
+        w = make_guidellm_workload(GuidellmConfig(path=path))
+    assert [(r.arrival_ms, r.output_tokens) for r in w.requests(0)] == [(0.0, 3)]
+    assert w.measured.ttft_ms.tolist() == pytest.approx([100.0])
+    only = report(tmp_path, [benchmark([rows[1]], total=1)], name="empty.json")
+    with pytest.warns(BenchReplayWarning), pytest.raises(WorkloadError, match=r"no successful requests with output "
+                                                                              r"tokens \(1 with 0\)"):
+        make_guidellm_workload(GuidellmConfig(path=only))

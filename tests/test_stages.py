@@ -56,6 +56,14 @@ def test_one_stage_is_the_unstaged_workload():
         assert [r.output_tokens for r in a] == [r.output_tokens for r in b]
 
 
+def test_a_stage_sends_what_inference_perf_sends():
+    """``int(stage.rate * stage.duration)``, the float product cut as inference-perf cuts it:
+    0.29 x 100 is 28.999999999999996 in floating point, 28 requests there (29 here before)."""
+    stages = parse_stages(({"rate": 0.29, "duration_s": 100}, {"rate": 0.57, "duration_s": 100},
+                           {"rate": 4, "duration_s": 60}, {"rate": 2.5, "duration_s": 3}))
+    assert [s.count for s in stages] == [28, 56, 240, 7]
+
+
 @given(rate=st.floats(0.5, 50), seed=st.integers(0, 10**6))
 @settings(max_examples=examples(40), deadline=None)
 def test_changing_one_stage_rate_scales_its_gaps_and_leaves_the_others(rate, seed):

@@ -69,8 +69,8 @@ from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload
 from .measured import BenchReplayWarning
 from .inference_perf import (
-    ClientRecord, hash_block_tokens_field, max_tokens_of, prefix_blocks_field, prompt_text, replay_columns, seconds,
-    whole_tokens,
+    TIME_TOLERANCE_S, ClientRecord, hash_block_tokens_field, max_tokens_of, prefix_blocks_field, prompt_text,
+    replay_columns, seconds, whole_tokens,
 )
 from .records import read_json_file
 
@@ -115,9 +115,12 @@ def _body(entry: dict) -> dict | None:
     return body if isinstance(body, dict) else {}
 
 
-def _record(where: str, entry: dict, unreadable: list) -> ClientRecord:
+def _record(where: str, entry: dict, unreadable: list) -> ClientRecord | None:
     """One request of the report (``unreadable`` gets ``where`` when its ``request_args`` cannot
-    be read)."""
+    be read), or None for an empty answer (0 output tokens: nothing to replay, as the other
+    client readers leave it out). Its token times must lie in order between its start and end:
+    a first token before the send gave a negative TTFT, a last token before the first a
+    negative TPOT (review s80 workloads, finding 1)."""
     if not isinstance(entry, dict):
         raise WorkloadError(f"{where}: expected an object, got {entry!r}")
     start = _number(entry, ("request_start_time",), ("start_time",), ("info", "timings", "request_start"))
@@ -134,16 +137,32 @@ def _record(where: str, entry: dict, unreadable: list) -> ClientRecord:
     output = _number(entry, ("output_tokens",), ("output_metrics", "text_tokens"))
     if prompt is None or output is None:
         raise WorkloadError(f"{where}: no {'prompt' if prompt is None else 'output'}_tokens")
+    if is_finite_number(output) and output == 0:  # succeeded with an empty answer
+        return None
+    first = seconds(where, "first token time", first) if first is not None else None
+    last = seconds(where, "last token time", last) if last is not None else None
+    _check_token_times(where, start, end, first, last)
     body = _body(entry)
     if body is None:
         unreadable.append(where)
         body = {}
     text = entry.get("prompt") if isinstance(entry.get("prompt"), str) else prompt_text(body)
     return ClientRecord(start, end, whole_tokens(where, "prompt_tokens", prompt),
-                        whole_tokens(where, "output_tokens", output),
-                        seconds(where, "first token time", first) if first is not None else None,
-                        seconds(where, "last token time", last) if last is not None else None,
-                        max_tokens_of(body), text)
+                        whole_tokens(where, "output_tokens", output), first, last, max_tokens_of(body), text)
+
+
+def _check_token_times(where: str, start: float, end: float, first: float | None, last: float | None) -> None:
+    """``start <= first token <= last token <= end`` (within :data:`TIME_TOLERANCE_S`), or
+    WorkloadError naming ``where``, as the inference-perf reader checks its token times."""
+    if first is not None and first < start - TIME_TOLERANCE_S:
+        raise WorkloadError(f"{where}: its first token time {first} is before its start {start} (a token cannot "
+                            "arrive before the request was sent)")
+    if first is not None and last is not None and last < first - TIME_TOLERANCE_S:
+        raise WorkloadError(f"{where}: its last token time {last} is before its first token time {first}")
+    for name, t in (("first", first), ("last", last)):
+        if t is not None and t > end + TIME_TOLERANCE_S:
+            raise WorkloadError(f"{where}: its {name} token time {t} is after its end {end} (the request ends with "
+                                "its last token)")
 
 
 def _total(benchmark: dict, status: str) -> int | None:
@@ -241,21 +260,26 @@ def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload | CappedW
         raise WorkloadError(f"{path}: benchmark {config.index} keeps no per-request list (requests.successful)")
     where = f"{path}: benchmark {config.index}"
     unreadable: list[str] = []
-    rows = [_record(f"{where}: requests.successful[{i}]", e, unreadable) for i, e in enumerate(successful)]
+    records = [_record(f"{where}: requests.successful[{i}]", e, unreadable) for i, e in enumerate(successful)]
+    rows = [r for r in records if r is not None]
+    empty = len(records) - len(rows)
+    if empty:
+        warnings.warn(f"{where}: {empty} of its {len(records)} successful requests have 0 output tokens (the answer "
+                      "was empty): left out of the replay", BenchReplayWarning, stacklevel=2)
     if unreadable:
         warnings.warn(f"{unreadable[0]}: request_args is neither JSON (guidellm 0.6 on) nor a Python dict's repr "
                       f"(0.4-0.5), nor are those of {len(unreadable) - 1} other requests: their prompts and max_tokens "
                       "are unknown", BenchReplayWarning, stacklevel=2)
     total = _total(benchmark, "successful")
-    sampled = total > len(rows) if total is not None else isinstance(benchmark.get("request_samples"), dict)
+    sampled = total > len(records) if total is not None else isinstance(benchmark.get("request_samples"), dict)
     if sampled and not config.allow_sample:
-        kept = f"{len(rows)} of its {total} successful requests" if total is not None else \
-            f"a sample of its successful requests ({len(rows)}: request_samples is set, the count is not given)"
+        kept = f"{len(records)} of its {total} successful requests" if total is not None else \
+            f"a sample of its successful requests ({len(records)}: request_samples is set, the count is not given)"
         raise WorkloadError(f"{where} keeps {kept} (guidellm --sample-requests, --output-sampling before 0.4): a "
                             "replay would leave out the others, which loaded the server too; rerun guidellm keeping "
                             "every request, or set allow_sample = true")
     if not rows:
-        raise WorkloadError(f"{where}: no successful requests")
+        raise WorkloadError(f"{where}: no successful requests" + (f" with output tokens ({empty} with 0)" if empty else ""))
     sent, columns, measured = replay_columns(rows, f"{path}[{config.index}]", limit=config.limit,
                                              prefix_blocks=config.prefix_blocks,
                                              hash_block_tokens=config.hash_block_tokens)

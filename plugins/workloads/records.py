@@ -207,12 +207,12 @@ class Records:
         if column is None:
             return None
         if isinstance(column, RawColumn):
-            return self._at_most(field, self._raw_ints(field, column, min, allow_none=False)[0], max)
+            return self._at_most(field, self._raw_ints(field, column, min, allow_none=False, most=max)[0], max)
         out = np.empty(len(column), dtype=np.int64)
         for row, value in enumerate(column):
             if value is None:
                 raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
-            out[row] = self._whole(row, field, value, min)
+            out[row] = self._whole(row, field, value, min, max)
         return self._at_most(field, out, max)
 
     def _at_most(self, field: str, values, most, why: str = ""):
@@ -233,13 +233,17 @@ class Records:
                                 f"{f' ({why})' if why else ''}, got {_number_text(value)}")
         return values
 
-    def _whole(self, row: int, field: str, value, min: int) -> int:
-        """``value`` as a whole number >= ``min``, or an error naming the row and field."""
+    def _whole(self, row: int, field: str, value, min: int, most: int | None = None) -> int:
+        """``value`` as a whole number >= ``min``, or an error naming the row and field (and the
+        field's bound ``most`` for one past int64: not the int64 range, which was named instead)."""
         number = _as_int(value)
         if number is None or number < min:
             raise WorkloadError(
                 f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, got {show_value(value)}")
         if number > INT64_MAX:  # 10**30, 1e30 or "1e30": beyond the int64 columns every reader keeps
+            if most is not None:
+                raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be <= {_number_text(most)}, "
+                                    f"got {show_value(value)}")
             raise WorkloadError(
                 f"{self.where(row)}: {self.label(field)}: must be a whole number from {min} to {INT64_MAX:,}, "
                 f"got {show_value(value)}")
@@ -247,16 +251,16 @@ class Records:
 
     def optional_ints(self, field: str, *, min: int = 1, max: int | None = None) -> list | None:
         """``field`` as a list of ints with ``None`` where a row lacks it; None if no row has it."""
-        values = self._optional_ints(field, min)
+        values = self._optional_ints(field, min, max)
         return None if values is None else self._at_most(field, values, max)
 
-    def _optional_ints(self, field: str, min: int) -> list | None:
+    def _optional_ints(self, field: str, min: int, most: int | None = None) -> list | None:
         """:meth:`optional_ints` before its bound."""
         if not self.has(field):
             return None
         column = self.values[field]
         if isinstance(column, RawColumn):
-            values, others = self._raw_ints(field, column, min, allow_none=True)
+            values, others = self._raw_ints(field, column, min, allow_none=True, most=most)
             out = values.tolist()
             for row in np.flatnonzero(column.none_mask()).tolist():
                 out[row] = None
@@ -265,7 +269,7 @@ class Records:
             return out
         out: list = []
         for row, value in enumerate(self.values[field]):
-            out.append(None if value is None else self._whole(row, field, value, min))
+            out.append(None if value is None else self._whole(row, field, value, min, most))
         return out
 
     def floats(self, field: str, *, min: float = 0.0, max: float | None = None, required: bool = True,
@@ -336,7 +340,8 @@ class Records:
                 )
         return out
 
-    def _raw_ints(self, field: str, column: RawColumn, min: int, *, allow_none: bool) -> tuple[np.ndarray, dict]:
+    def _raw_ints(self, field: str, column: RawColumn, min: int, *, allow_none: bool,
+                  most: int | None = None) -> tuple[np.ndarray, dict]:
         """:meth:`ints` of a RawColumn: ``(array, {row: int})`` -- numbers numpy reads exactly at
         once, the rest (as Python ints, which may not fit the array) and the first bad row's
         message as in the loop above. ``None`` rows read as 0 with allow_none."""
@@ -374,7 +379,7 @@ class Records:
             row = int(rows[0])
             if none[row]:
                 raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
-            self._whole(row, field, column[row], min)  # raises with the row's value
+            self._whole(row, field, column[row], min, most)  # raises with the row's value
         return out, others
 
     def _raw_floats(self, field: str, column: RawColumn, min: float) -> np.ndarray:

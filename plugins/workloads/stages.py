@@ -9,7 +9,8 @@
     stage_start = "after_drain"        # or "back_to_back"
     stage_gap_s = 0
 
-Stage ``k`` sends ``floor(rate x duration_s)`` requests (inference-perf's count, at least one),
+Stage ``k`` sends ``int(rate x duration_s)`` requests, the float product cut as inference-perf
+cuts it (``int(stage.rate * stage.duration)``: a rate of 0.29 for 100 s sends 28), at least one,
 the first at the stage's start and the others one gap apart -- gaps of the arrival process at
 the stage's rate. Each stage draws its gaps and its requests' lengths from its own random
 stream of the run's seed (:func:`stage_seed`; the first stage uses the seed itself, so one stage
@@ -42,7 +43,6 @@ Requests are numbered in arrival order across stages. The same seed gives the sa
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Callable, Iterator
 
 import attrs
@@ -68,7 +68,7 @@ class Stage:
 
     @property
     def count(self) -> int:
-        return int(math.floor(self.rate * self.duration_s + 1e-9))
+        return int(self.rate * self.duration_s)  # (inference-perf: int(stage.rate * stage.duration))
 
 
 def stages_field():
