@@ -386,3 +386,27 @@ def test_errors_of_the_file_still_name_the_file_with_overrides_given(tmp_path, c
     good = write(tmp_path, BASE, "good.toml")
     assert main(["hunt", str(good), "--set", "hunt.budjet=3"]) == 2
     assert capsys.readouterr().err.strip().startswith("schedlab: error: --set hunt.budjet: [hunt]: unknown key")
+
+
+def test_an_interrupt_while_the_reproducer_is_checked_keeps_the_finished_hunt(tmp_path, monkeypatch, capsys):
+    """The hunt is done and its files staged when its counterexample is replayed to check it: a
+    Ctrl-C then puts them in place, the replay said unchecked (they were thrown away, "no results
+    were written": review s80 calhunt)."""
+    import schedlab.hunt.hunt as hunt_module
+    import schedlab.interrupts as interrupts
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hunt_module, "replay_value", stopped)
+    monkeypatch.setattr(interrupts, "by_signal", lambda: True)
+    out = tmp_path / "out"
+    assert main(["hunt", str(write(tmp_path, BASE)), "--out", str(out), "--jobs", "1", "--set",
+                 "hunt.shrink_budget=20"]) == 130
+    err = capsys.readouterr().err
+    assert "while the counterexample was replayed to check it: the finished hunt is written to" in err
+    assert "no results were written" not in err
+    info = strict_json((out / "hunt.json").read_text())
+    assert "interrupted" not in info or not info["interrupted"]
+    assert info["shrunk"] is not None and (out / "counterexample.toml").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "nothing left half-written"

@@ -48,6 +48,10 @@ def command(args) -> int:
             try:
                 replayed = replay_value(stage.path / "counterexample.toml", hunt.goal,
                                         plugin_objects=hunt.experiment.plugin_objects)
+            except KeyboardInterrupt as exc:  # (the hunt is done and written: keep it, its replay unchecked)
+                if not by_signal():
+                    raise
+                return checked_no_more(hunt, outcome, exc, stage, out, written)
             except SchedlabError as exc:   # (never lose a finished hunt over its reproducer: say so, keep it)
                 print(f"schedlab: warning: {out / 'counterexample.toml'} does not replay: "
                       f"{str(exc).replace(str(stage.path), str(out))}", file=sys.stderr)
@@ -62,6 +66,23 @@ def command(args) -> int:
     print("\n".join(summary_lines(hunt, outcome, str(out))))
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
+
+
+def checked_no_more(hunt, outcome, exc: KeyboardInterrupt, stage, out: Path, written) -> int:
+    """Ctrl-C (or SIGTERM, SIGHUP) while the finished hunt's reproducer was being replayed: its
+    files are whole, so they are put in place as a finished hunt's (they were thrown away, "no
+    results were written": review s80 calhunt), the replay said to be unchecked; the stop's exit
+    status."""
+    from ..interrupts import acknowledge, stop_status
+    from .report import summary_lines
+
+    acknowledge()
+    what, status = stop_status(exc)
+    stage.commit()
+    print("\n".join(summary_lines(hunt, outcome, str(out))))
+    print(f"schedlab: {what} while the counterexample was replayed to check it: the finished hunt is written to "
+          f"{out} ({len(written)} files; {out / 'counterexample.toml'} not checked)", file=sys.stderr)
+    return status
 
 
 def interrupted(hunt, outcome, exc: KeyboardInterrupt, stage, out: Path) -> int:
