@@ -123,7 +123,8 @@ def test_a_second_deployment_warms_serves_and_drains_its_requests(engine):
     #   tick 40: deployment 1 drains, holding R1; it is off at its last step's end, 52.3125 (the
     #     tick at 50 finds it draining, the one at 60 off).
     #   R2 (at 45) -> deployment 0 rank 1 (instance 1): 57.0625, 66.3125.
-    #   R3 (at 70) -> deployment 0 rank 0: 82.0625, 91.3125 -- the run's end.
+    #   R3 (at 70) -> deployment 0 rank 0: 82.0625, 91.3125 -- the run's end; the ticks at 80 and
+    #     90 come after the last arrival, the work not yet done.
     requests = [Request(0, 0.0, 16, 2), Request(1, 31.0, 16, 2), Request(2, 45.0, 16, 2), Request(3, 70.0, 16, 2)]
     limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=20.0, window_ms=1000.0)
     policy = Script(2, 1, 40.0)
@@ -134,10 +135,11 @@ def test_a_second_deployment_warms_serves_and_drains_its_requests(engine):
     assert by_id(r, "finish_ms") == {0: 21.3125, 1: 52.3125, 2: 66.3125, 3: 91.3125}
     scaling = r.meta["scaling"]
     assert scaling["history"] == [[0.0, 1, 0, 0, 1], [10.0, 1, 1, 0, 2], [20.0, 1, 1, 0, 2], [30.0, 2, 0, 0, 2],
-                                  [40.0, 1, 0, 1, 1], [50.0, 1, 0, 1, 1], [60.0, 1, 0, 0, 1], [70.0, 1, 0, 0, 1]]
+                                  [40.0, 1, 0, 1, 1], [50.0, 1, 0, 1, 1], [60.0, 1, 0, 0, 1], [70.0, 1, 0, 0, 1],
+                                  [80.0, 1, 0, 0, 1], [90.0, 1, 0, 0, 1]]
     assert scaling["intervals"] == [[0, 0.0, 91.3125], [1, 10.0, 52.3125]]
     assert scaling["gpu_hours"] == 2 * (91.3125 + 42.3125) / HOUR_MS  # each deployment's 2 ranks
-    assert [s.serving for s in policy.seen] == [1, 1, 2, 2, 1, 1, 1]
+    assert [s.serving for s in policy.seen] == [1, 1, 2, 2, 1, 1, 1, 1, 1]
 
 
 # -- each deployment as a lone one; both engines alike ------------------------------------------------------------

@@ -68,8 +68,11 @@ def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engin
     #   tick 40: 1 wanted -> instance 2 (the highest index) drains: it keeps R2 until 47.5.
     #   R3 arrives 41, first token 49 -> decode 1, the only one serving; pulled at the boundary
     #      49.5, lands 51, joins 57.5 (R1 finishes there), 1 more token: 65.5.
-    # No request arrives after 41 and every hand-off is placed by 49: the decode pool's ticks end
-    # with the one at 40. Instance 2 was paid from 10 to its last iteration's end, 47.5; the
+    # No request arrives after 41 and every hand-off is placed by 49, yet the decode pool's ticks
+    # go on while the cluster has work (a controller cannot know no request will come): 50, 60, 70
+    # and 80, inside R0's last step (73.5-81.5; to 89.5 a step later). At 50 instance 2 is off
+    # (draining at 50 with the first token on the decode side, R2 to 55.5); the window's finishes
+    # grow with R2, R1 and R3. Instance 2 was paid from 10 to its last iteration's end, 47.5; the
     # others from 0 to the cluster's end, 81.5.
     requests = [Request(0, 0.0, 16, 10), Request(1, 12.0, 16, 4), Request(2, 22.0, 16, 3), Request(3, 41.0, 16, 2)]
     policy = Script(2, 1, 40.0)
@@ -89,7 +92,8 @@ def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engin
     scaling = r.meta["scaling"]
     decode = scaling["pools"]["decode"]
     assert decode["history"] == [[0.0, 1, 0, 0, 1], [10.0, 1, 1, 0, 2], [20.0, 1, 1, 0, 2], [30.0, 2, 0, 0, 2],
-                                 [40.0, 1, 0, 1, 1]]
+                                 [40.0, 1, 0, 1, 1], [50.0, 1, 0, 1 if step else 0, 1], [60.0, 1, 0, 0, 1],
+                                 [70.0, 1, 0, 0, 1], [80.0, 1, 0, 0, 1]]
     assert decode["intervals"] == [[1, 0.0, 81.5 + step], [2, 10.0, 47.5 + step]]
     assert (decode["scale_ups"], decode["scale_downs"]) == (1, 1)
     assert scaling["pools"]["prefill"]["intervals"] == [[0, 0.0, 81.5 + step]]
@@ -97,9 +101,9 @@ def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engin
     assert scaling["gpu_hours"] == pytest.approx((81.5 + 81.5 + 37.5 + 3 * step) / 3.6e6)
     # the decode pool's arrivals are its hand-offs, as placed by each tick (the one at 20 and 30
     # before the hand-off at that very time)
-    assert [s.arrivals for s in policy.seen] == [1, 1, 2, 3]
-    assert [s.serving for s in policy.seen] == [1, 1, 2, 2]
-    assert [s.finished for s in policy.seen] == [0, 0, 0, 0]
+    assert [s.arrivals for s in policy.seen] == [1, 1, 2, 3, 4, 4, 4, 4]
+    assert [s.serving for s in policy.seen] == [1, 1, 2, 2, 1, 1, 1, 1]
+    assert [s.finished for s in policy.seen] == [0, 0, 0, 0] + ([0, 1, 2, 3] if step else [1, 2, 3, 3])
     check_run(r, requests)
 
 
@@ -130,9 +134,9 @@ def test_a_draining_prefill_instance_stays_on_until_its_kv_is_pulled(engine):
     # 36.5), decodes 36.5-52.5 in all 5 blocks; R1's 4 blocks fit only when R0 has finished:
     # pulled 52.5, lands and joins 57, finishes 65. The tick at 40 scales the prefill pool to 1:
     # instance 1 drains with nothing left to run but R1's KV not yet pulled, so the tick at 50
-    # finds it still draining and the one at 60 off since the landing freed it, at 57. R2 (at 61,
-    # keeping the ticks going) goes to instance 0, the only one serving: first token 69, pulled
-    # 69, lands 70.5, finishes 78.5 -- the cluster's end. (The first token on the prefill side: on
+    # finds it still draining and the one at 60 off since the landing freed it, at 57. R2 (at 61)
+    # goes to instance 0, the only one serving: first token 69, pulled 69, lands 70.5, finishes
+    # 78.5 -- the cluster's end, after one more tick at 70. (The first token on the prefill side: on
     # the decode side each request takes one step more there, and R1's KV waits until 60.5.)
     requests = [Request(0, 0.0, 64, 3), Request(1, 1.0, 64, 2), Request(2, 61.0, 16, 2)]
     limits = ScalingLimits(1, 2, 2, interval_ms=10.0, cold_start_ms=0.0, window_ms=1000.0)
@@ -145,7 +149,8 @@ def test_a_draining_prefill_instance_stays_on_until_its_kv_is_pulled(engine):
     assert by_id(r, "kv_landed_ms") == {0: 36.5, 1: 57.0, 2: 70.5}
     assert by_id(r, "finish_ms") == {0: 52.5, 1: 65.0, 2: 78.5}
     prefill = r.meta["scaling"]["pools"]["prefill"]
-    assert prefill["history"][4:] == [[40.0, 1, 0, 1, 1], [50.0, 1, 0, 1, 1], [60.0, 1, 0, 0, 1]]
+    assert prefill["history"][4:] == [[40.0, 1, 0, 1, 1], [50.0, 1, 0, 1, 1], [60.0, 1, 0, 0, 1],
+                                      [70.0, 1, 0, 0, 1]]
     assert prefill["intervals"] == [[0, 0.0, 78.5], [1, 0.0, 57.0]]
     assert r.meta["scaling"]["pools"]["decode"]["intervals"] == [[2, 0.0, 78.5]]
     check_run(r, requests)
@@ -157,7 +162,8 @@ def test_a_request_turned_away_is_a_miss_in_the_prefill_pools_window(engine):
     # R0 (16 tokens, at 0) is prefilled in 8 ms and handed off: met on TTFT (8 <= 40). R1 (at 1)
     # has a 1,600-token prompt, more than the 16 x 16-token cache: turned away on arrival, a miss
     # as in the run's slo.attainment (before: left out, and the window read 1 of 1 met). R2 (at
-    # 25) keeps the ticks going, at 10 and 20; both see 2 arrivals, 2 finishes, 1 met.
+    # 25) comes after the ticks at 10 and 20; both see 2 arrivals, 2 finishes, 1 met. R2 is handed
+    # off at 33 (met) and ends at 50.5: the ticks at 30, 40 and 50 see it arrived, then met.
     requests = [Request(0, 0.0, 16, 2), Request(1, 1.0, 1600, 2), Request(2, 25.0, 16, 2)]
     policy = Script(1, 1, 0.0)
     limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=0.0, window_ms=1000.0)
@@ -166,7 +172,8 @@ def test_a_request_turned_away_is_a_miss_in_the_prefill_pools_window(engine):
                           engine=engine, autoscalers={"prefill": policy}, limits={"prefill": limits},
                           slo={"ttft_ms": 40.0, "tpot_ms": 40.0})
     assert r.metrics["rejected"] == 1
-    assert [(s.now_ms, s.arrivals, s.finished, s.slo_met) for s in policy.seen] == [(10.0, 2, 2, 1), (20.0, 2, 2, 1)]
+    assert [(s.now_ms, s.arrivals, s.finished, s.slo_met) for s in policy.seen] == [
+        (10.0, 2, 2, 1), (20.0, 2, 2, 1), (30.0, 3, 2, 1), (40.0, 3, 3, 2), (50.0, 3, 3, 2)]
     assert policy.seen[0].slo_attainment == 0.5
 
 

@@ -70,7 +70,8 @@ def test_a_warm_pipeline_serves_from_its_cold_starts_end_and_drains_its_batch_in
     #      lands its batches and is off at its last landing, 60.6875; the ticks at 50 and 60 find it
     #      draining, the one at 70 off.
     #   R3 (at 45, 2 tokens) on 0, the only one serving: waits for R0's landing at 50.9375, 55.6875, 64.
-    #   R4 (at 70, 2 tokens) on 0: 74.75, 83.0625 -- the run's end.
+    #   R4 (at 70, 2 tokens) on 0: 74.75, 83.0625 -- the run's end. The tick at 80, after the last
+    #      arrival, decides too (a controller cannot know no request will come).
     requests = [Request(0, 0.0, 8, 6), Request(1, 12.0, 8, 3), Request(2, 31.0, 8, 4), Request(3, 45.0, 8, 2),
                 Request(4, 70.0, 8, 2)]
     limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=20.0, window_ms=1000.0)
@@ -82,12 +83,13 @@ def test_a_warm_pipeline_serves_from_its_cold_starts_end_and_drains_its_batch_in
     assert by_id(r, "finish_ms") == {0: 50.9375, 1: 42.625, 2: 60.6875, 3: 64.0, 4: 83.0625}
     scaling = r.meta["scaling"]
     assert scaling["history"] == [[0.0, 1, 0, 0, 1], [10.0, 1, 1, 0, 2], [20.0, 1, 1, 0, 2], [30.0, 2, 0, 0, 2],
-                                  [40.0, 1, 0, 1, 1], [50.0, 1, 0, 1, 1], [60.0, 1, 0, 1, 1], [70.0, 1, 0, 0, 1]]
+                                  [40.0, 1, 0, 1, 1], [50.0, 1, 0, 1, 1], [60.0, 1, 0, 1, 1], [70.0, 1, 0, 0, 1],
+                                  [80.0, 1, 0, 0, 1]]
     assert scaling["intervals"] == [[0, 0.0, 83.0625], [1, 10.0, 60.6875]]
     assert (scaling["scale_ups"], scaling["scale_downs"]) == (1, 1)
     assert scaling["gpu_hours"] == 2 * (83.0625 + 50.6875) / HOUR_MS  # each instance's 2 stages
     assert r.metrics["gpu_hours"] == pytest.approx(scaling["gpu_hours"], rel=1e-15)
-    assert [s.serving for s in policy.seen] == [1, 1, 2, 2, 1, 1, 1]  # each before its decision
+    assert [s.serving for s in policy.seen] == [1, 1, 2, 2, 1, 1, 1, 1]  # each before its decision
     # Instance 1 is metered from its switch-on at 10 (idle while warming) to its off: R2's prompt
     # (2 ms a stage) and 3 decodes (4 ms a stage) make 28 ms of slices at 300 W; the rest of its
     # 2 x 50.6875 stage-ms idles at 40 W. Nothing before 10 or after 60.6875.

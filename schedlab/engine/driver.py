@@ -173,6 +173,16 @@ class EventHeap:
             if event[0] < INF:
                 heapq.heappush(self.heap, (event[0], event[1], pos))
 
+    def next_time(self) -> float:
+        """When the next instance event happens (INF: no instance has anything to come)."""
+        heap, announced = self.heap, self.announced
+        while heap:
+            when, kind, pos = heap[0]
+            if announced[pos] == (when, kind):
+                return when
+            heapq.heappop(heap)
+        return INF
+
     def due(self, t: float) -> int | None:
         """The position of an instance whose event comes before an arrival at ``t`` (a run that
         ends at ``t`` too: the arrival sees it ended), or None."""
@@ -205,8 +215,10 @@ def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=No
                      closed: bool = False) -> None:
     """The colocated driver: instances act event by event, an arrival brings forward only those
     whose events come before it (see the module docstring). With ``scaling``, the autoscaler's
-    events (ticks, instances turning warm) come before arrivals at the same time, and stop with
-    the last arrival. With clients that give up (``aborting``, or once a request with its own
+    events (ticks, instances turning warm) come before arrivals at the same time, and go on
+    while requests are to arrive or an instance has an event to come: a controller cannot know
+    that no request will come (they stopped with the last arrival: review s80 routers, finding
+    1), and a run whose work is done, or stuck, has nothing left to decide. With clients that give up (``aborting``, or once a request with its own
     ``timeout_ms`` arrives), an instance's aborts end its runs (see :meth:`Instance.step`); one
     between iterations at an arrival's time aborts what is due before the router looks
     (:meth:`Instance.settle`). A ``closed`` loop's events are done one at a time, each one's
@@ -218,7 +230,11 @@ def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=No
     delivered = 0
     while True:
         t_arrival = arrivals.next_time()
-        t_scaling = scaling.next_time() if scaling is not None and t_arrival < INF else INF
+        t_scaling = INF
+        if scaling is not None:
+            t_scaling = scaling.next_time()
+            if t_arrival == INF and not _stirring(events, instances, t_scaling):
+                t_scaling = INF
         t = t_arrival if t_arrival < t_scaling else t_scaling
         clock.now = t
         pos = events.due(t)
@@ -241,6 +257,8 @@ def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=No
         if t == INF:
             break
         if t_scaling <= t_arrival:
+            if t_arrival == INF and not _stirring(events, instances, t):
+                continue  # the last work ended before this tick: the run is over (or stuck)
             scaling.apply(t)
             for pos in scaling.take_touched():  # a drain timeout set or cancelled: its next event may move
                 events.update(pos)
@@ -272,6 +290,12 @@ def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=No
     for inst in instances:
         if inst.has_work():
             raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
+
+
+def _stirring(events: EventHeap, instances: Sequence[Instance], t: float) -> bool:
+    """Some instance has an event to come, or an iteration that ends after ``t`` (applied when
+    it started): the run is not over at ``t``."""
+    return events.next_time() < INF or any(inst.now > t for inst in instances)
 
 
 def _release(inst: Instance, arrivals) -> bool:

@@ -19,16 +19,16 @@ side has pulled their KV (or an abandoned prompt's lease has run out); a drainin
 instance gets no new hand-offs and decodes what it holds, pulls included. Either, once off, starts
 cold when switched on again: its KV cache is reset as a colocated instance's is.
 
-Both engines' drivers run these events before hand-offs and arrivals at the same time. The
-prefill pool's ticks stop with the last arrival, as a colocated cluster's; the decode pool's go
-on while a hand-off may still come: arrivals are left, or a request that reached the prefill
-pool by then has neither been handed off nor ended there (:meth:`PoolScaling.upstream`, counted
-from event times, so that both engines agree whatever they have planned ahead).
+Both engines' drivers run these events before hand-offs and arrivals at the same time. Both
+pools' controllers tick while requests are to arrive or something in the cluster is to come (an
+instance's event, an iteration not yet ended, a hand-off queued), as a colocated cluster's: a
+controller cannot know that no request will come. They stopped with the last arrival (prefill)
+and the last hand-off (decode), so a pool that decoded on for minutes after it was never
+scaled down (review s80 routers, finding 1).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Any, Sequence
 
@@ -58,17 +58,12 @@ class PoolScaling:
         self.ttft_met = ttft_met
         self.output_delay_ms = output_delay_ms
         self.gpus = gpus or {name: [1] * len(self.instances[name]) for name in POOLS}
-        self.entered = 0
-        self.last_arrival = 0.0  # (the cluster's end is no earlier: one turned away at once moves no clock)        # requests routed to the prefill pool
-        self.routed = 0         # hand-offs routed to the decode pool
-        self.ended = 0          # requests that ended on the prefill side by the time last asked
-        self._ended: list = []  # (time) of those ended there, not yet counted
-        self.decode_ticking = self.decode is not None
+        self.last_arrival = 0.0  # (the cluster's end is no earlier: one turned away at once moves no clock)
+        self.ticking = True     # (until nothing is left to come: the run's end, or a stall)
 
     # -- what happened -------------------------------------------------------------------------------
     def arrived(self, t: float) -> None:
         """A request was routed to the prefill pool at ``t``."""
-        self.entered += 1
         if t > self.last_arrival:
             self.last_arrival = t
         if self.prefill is not None:
@@ -85,7 +80,6 @@ class PoolScaling:
 
     def routed_to_decode(self, t: float) -> None:
         """The decode router placed a hand-off at ``t``: that pool's arrival."""
-        self.routed += 1
         if self.decode is not None:
             self.decode.arrived(t)
 
@@ -97,24 +91,16 @@ class PoolScaling:
             if self.decode is not None:
                 self.decode.finished(seq, t, rejected, client)
             return
-        heapq.heappush(self._ended, t)
         if self.prefill is not None:
             self.prefill.finished(seq, t, rejected, client)
 
-    def upstream(self, t: float) -> int:
-        """Requests that reached the prefill pool and had, by ``t``, neither been handed off to
-        the decode pool nor ended on the prefill side."""
-        ended = self._ended
-        while ended and ended[0] <= t:
-            heapq.heappop(ended)
-            self.ended += 1
-        return self.entered - self.routed - self.ended
-
     # -- events --------------------------------------------------------------------------------------
     def next_time(self, arriving: bool) -> float:
-        """The controllers' next event; the prefill pool's only while requests are to arrive."""
-        t = self.prefill.next_time() if self.prefill is not None and arriving else INF
-        if self.decode_ticking:
+        """The controllers' next event (INF once nothing was left to come, :meth:`apply`)."""
+        if not self.ticking:
+            return INF
+        t = self.prefill.next_time() if self.prefill is not None else INF
+        if self.decode is not None:
             d = self.decode.next_time()
             if d < t:
                 t = d
@@ -122,15 +108,16 @@ class PoolScaling:
 
     def apply(self, t: float, arriving: bool, stirring) -> None:
         """Everything due at ``t``. ``stirring()``: something is yet to happen in the cluster (an
-        instance's event, a hand-off queued); without it a request held upstream is stuck and
-        the decode pool's ticks stop, so that the driver can report the stall."""
-        if self.prefill is not None and arriving and self.prefill.next_time() <= t:
+        instance's event, an iteration ending after ``t``, a hand-off queued); with no request to
+        arrive and nothing stirring the run is over (or stuck: the driver reports the stall),
+        and the ticks stop."""
+        if not (arriving or stirring()):
+            self.ticking = False
+            return
+        if self.prefill is not None and self.prefill.next_time() <= t:
             self.prefill.apply(t)
-        if self.decode_ticking and self.decode.next_time() <= t:
-            if arriving or (self.upstream(t) > 0 and stirring()):
-                self.decode.apply(t)
-            else:  # no hand-off can come any more
-                self.decode_ticking = False
+        if self.decode is not None and self.decode.next_time() <= t:
+            self.decode.apply(t)
 
     # -- results -------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
@@ -150,12 +137,14 @@ class PoolScaling:
             else:
                 n = len(mine)
                 summary = {"intervals": [[inst.index, 0.0, end] for inst in mine], "history": [[0.0, n, 0, 0, n]],
+                           "serving": [[0.0, n]],
                            "gpu_hours": end * sum(self.gpus[name]) / 3.6e6, "scale_ups": 0, "scale_downs": 0,
                            "end_ms": end, "caches_kept": 0}
             summary["autoscaled"] = ctl is not None
             pools[name] = summary
         return {"intervals": sorted((x for p in pools.values() for x in p["intervals"]), key=lambda x: (x[1], x[0])),
                 "history": summed_history([p["history"] for p in pools.values()]),
+                "serving": summed_history([p["serving"] for p in pools.values()]),
                 "gpu_hours": sum(p["gpu_hours"] for p in pools.values()),
                 "scale_ups": sum(p["scale_ups"] for p in pools.values()),
                 "scale_downs": sum(p["scale_downs"] for p in pools.values()), "end_ms": end,
@@ -195,14 +184,15 @@ def _handed_on(inst) -> int:
 
 
 def summed_history(histories: Sequence[Sequence]) -> list[list]:
-    """Histories ``(time, serving, warming, draining, desired)`` of several pools as one: at each
-    time any of them changed, the sum of each pool's latest entry."""
+    """Histories ``(time, serving, warming, draining, desired)`` -- or ``(time, serving)`` -- of
+    several pools as one: at each time any of them changed, the sum of each pool's latest entry."""
     times = sorted({h[0] for hist in histories for h in hist})
+    width = max((len(h) for hist in histories for h in hist), default=1)
     out, latest, at = [], [None] * len(histories), [0] * len(histories)
     for t in times:
         for k, hist in enumerate(histories):
             while at[k] < len(hist) and hist[at[k]][0] <= t:
                 latest[k] = hist[at[k]]
                 at[k] += 1
-        out.append([t] + [sum(h[j] for h in latest if h is not None) for j in range(1, 5)])
+        out.append([t] + [sum(h[j] for h in latest if h is not None) for j in range(1, width)])
     return out

@@ -141,15 +141,27 @@ class ReferenceCluster:
             self.views.changed(self._position[inst.index])
 
     def deliver_other(self, t: float) -> None:
-        """Events other than arrivals at time ``t``: the autoscaler's (which stop with the last
-        arrival, as :meth:`next_other` says; a subclass's events may come later)."""
-        if self.scaling is not None and self._arrivals_left and self.scaling.next_time() <= t:
+        """Events other than arrivals at time ``t``: the autoscaler's (while the cluster has
+        something to come, as :meth:`next_other` says; a subclass's events may come later)."""
+        if self.scaling is not None and self.scaling.next_time() <= t and self._ticking(t):
             self.scaling.apply(t)
             for i in self.scaling.take_touched():  # a drain timeout set or cancelled: its next plan may move
                 self.plans.update(self.instances[i])
 
     def next_other(self) -> float:
-        return self.scaling.next_time() if self.scaling is not None and self._arrivals_left else INF
+        if self.scaling is None:
+            return INF
+        t = self.scaling.next_time()
+        return t if self._ticking(t) else INF
+
+    def _ticking(self, t: float) -> bool:
+        """The autoscaler decides at ``t`` while requests are to arrive or the instances have
+        something to come (as the fast driver's ``_simulate_events``): not after the run's end."""
+        return self._arrivals_left or self._stirring(t)
+
+    def _stirring(self, t: float) -> bool:
+        """Some instance has an event to come (its next plan), or an iteration ending after ``t``."""
+        return self.plans.first()[0] < INF or any(inst.now > t for inst in self.instances)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, requests, workload=None) -> None:

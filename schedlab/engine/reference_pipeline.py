@@ -424,6 +424,9 @@ class ReferencePipelineCluster(ReferenceCluster):
     def next_other(self) -> float:
         return min(min(inst.next_landing() for inst in self.instances), super().next_other())
 
+    def _stirring(self, t: float) -> bool:
+        return super()._stirring(t) or min(inst.next_landing() for inst in self.instances) < INF
+
     def deliver_other(self, t: float) -> None:
         while True:
             c, _, inst = min((inst.next_landing(), inst.index, inst) for inst in self.instances)

@@ -186,6 +186,8 @@ class ScalingController:
         self.touched: list[int] = []  # instances whose deadline changed since the driver last looked
         self.intervals: list[tuple[int, float, float]] = []   # (instance, on, off)
         self.history: list[tuple] = [(0.0, limits.initial, 0, 0, limits.initial)]
+        #: (time, instances serving) at every change: a tick's decisions and warm-ups between ticks
+        self.serving_changes: list[tuple[float, int]] = [(0.0, limits.initial)]
         self.next_tick = limits.interval_ms
         self.window: list = []     # (time, kind) of arrivals (0) and finishes (1: missed, 2: met)
         self.scale_ups = self.scale_downs = 0
@@ -246,6 +248,9 @@ class ScalingController:
             self.next_tick += self.limits.interval_ms
         if changed:
             self._rebuild()
+        serving = len(self.members)
+        if serving != self.serving_changes[-1][1]:
+            self.serving_changes.append((t, serving))
         return changed
 
     def _retire_drained(self) -> None:
@@ -397,7 +402,8 @@ class ScalingController:
                 self._off(i, max(end, self.since[i]))
         gpu_ms = sum((off - on) * self.gpus[i] for i, on, off in self.intervals)
         summary = {"intervals": [list(x) for x in sorted(self.intervals, key=lambda x: (x[1], x[0]))],
-                   "history": [list(h) for h in self.history], "gpu_hours": gpu_ms / 3.6e6,
+                   "history": [list(h) for h in self.history],
+                   "serving": [list(x) for x in self.serving_changes], "gpu_hours": gpu_ms / 3.6e6,
                    "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end,
                    "caches_kept": self.caches_kept}
         if self.limits.drain_timeout_ms is not None:  # (only then: a run without one is as before)

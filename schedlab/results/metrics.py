@@ -824,9 +824,10 @@ def _gpus_each(meta: dict[str, Any]) -> float:
 
 
 def _fleet(scaling: dict[str, Any], gpu_hours: float, end_ms: float) -> dict[str, Any]:
-    """An autoscaler's decisions: GPU-hours, mean GPUs, the most and fewest instances serving,
-    scale-ups and -downs; with a drain timeout, the requests it aborted (``drain_aborted``)."""
-    serving = [h[1] for h in scaling["history"]]
+    """An autoscaler's decisions: GPU-hours, mean GPUs, the most and fewest instances serving at
+    once (at every change: a tick's decisions and warm-ups between ticks, which a tick's count
+    missed), scale-ups and -downs; with a drain timeout, the requests it aborted (``drain_aborted``)."""
+    serving = [h[1] for h in scaling.get("serving") or scaling["history"]]
     fleet = {"gpu_hours": gpu_hours, "mean_gpus": gpu_hours * HOUR_MS / end_ms if end_ms else 0.0,
              "peak_serving": max(serving), "min_serving": min(serving),
              "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
