@@ -191,16 +191,38 @@ def test_weighted_scores_the_share_of_a_groups_prompt_held():
 
 
 def test_weighted_matches_block_hashes_from_the_first_block_on():
+    # (prompts of as many 16-token engine blocks as they have 16-token trace blocks)
     router = weighted_router()
-    assert router.route(req(0, block_hashes=(1, 2, 3, 4), hash_block_tokens=16), views((0, 0.1), (0, 0.0))) == 1
+    assert router.route(req(0, block_hashes=(1, 2, 3, 4), hash_block_tokens=16, prompt=64), views((0, 0.1), (0, 0.0))) == 1
     # 2 of 4 blocks held by 1: 3 x 0.5 = 1.5; queues 0 and 1 -> 2, 0; KV 1.8, 2.0 -> 3.8 vs 3.5
-    assert router.route(req(1, block_hashes=(1, 2, 7, 8), hash_block_tokens=16), views((0, 0.1), (1, 0.0))) == 0
+    assert router.route(req(1, block_hashes=(1, 2, 7, 8), hash_block_tokens=16, prompt=64), views((0, 0.1), (1, 0.0))) == 0
     # (1, 2, 3) is held by 1 (3 of 3) and (1, 2) by 0 too; equal queues: 3.8 + 3 x 2/3 = 5.8 vs 4.0 + 3 = 7.0 -> 1
-    assert router.route(req(2, block_hashes=(1, 2, 3), hash_block_tokens=16), views((0, 0.1), (0, 0.0))) == 1
+    assert router.route(req(2, block_hashes=(1, 2, 3), hash_block_tokens=16, prompt=48), views((0, 0.1), (0, 0.0))) == 1
     # ... but 1 with the longer queue: 5.8 vs 2.0 + 3 = 5.0 -> 0
-    assert router.route(req(3, block_hashes=(1, 2, 3), hash_block_tokens=16), views((0, 0.1), (1, 0.0))) == 0
+    assert router.route(req(3, block_hashes=(1, 2, 3), hash_block_tokens=16, prompt=48), views((0, 0.1), (1, 0.0))) == 0
     # a first block nobody holds: nothing matches, queue and KV alone: 3.8 vs 4.0 -> 1
-    assert router.route(req(4, block_hashes=(9, 1, 2, 8), hash_block_tokens=16), views((0, 0.1), (0, 0.0))) == 1
+    assert router.route(req(4, block_hashes=(9, 1, 2, 8), hash_block_tokens=16, prompt=64), views((0, 0.1), (0, 0.0))) == 1
+
+
+def test_weighted_scores_whole_engine_blocks_as_llm_d_hashes_them():
+    """llm-d hashes a prompt's whole engine blocks only (its partial last block is ignored) and
+    counts them in engine blocks: a trace block of 512 tokens is 32 blocks of 16 (review s80
+    routers: the partial block and whole trace blocks counted, shares 0.5 where llm-d has 1.0
+    and 0.865, and both decisions flipped)."""
+    router = weighted_router()
+    # a 16-token group prefix recorded on instance 0; a 20-token prompt of that group: 1 whole
+    # block, held by 0 -> share 1.0: 0 + 2 + 3 = 5 (queue 1, KV 0) against instance 1's 2 + 2 = 4
+    router.route(req(0, prompt=40, prefix_group="g", prefix_tokens=16), views((0, 0.0), (0, 0.0)))
+    b = req(1, prompt=20, prefix_group="g", prefix_tokens=16)
+    assert router._prefix(b, views((1, 0.0), (0, 0.0)))[0] == {0: 1.0}
+    assert router.route(b, views((1, 0.0), (0, 0.0))) == 0
+    router = weighted_router()
+    # trace blocks of 512 tokens: (1, 3) recorded on 0; 600 tokens of (1, 2) are 37 whole blocks of
+    # 16, the first 32 in trace block 1 -> 32 / 37, 2 + 3 x 0.865 = 4.59 against 4
+    router.route(req(0, prompt=1024, block_hashes=(1, 3), hash_block_tokens=512), views((0, 0.0), (0, 0.0)))
+    c = req(1, prompt=600, block_hashes=(1, 2), hash_block_tokens=512)
+    assert router._prefix(c, views((1, 0.0), (0, 0.0)))[0] == {0: pytest.approx(32 / 37)}
+    assert router.route(c, views((1, 0.0), (0, 0.0))) == 0
 
 
 @pytest.mark.parametrize("bad, name", [({"queue": 0, "kv": 0, "prefix": 0}, "weights"),

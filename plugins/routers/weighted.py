@@ -19,8 +19,9 @@ their weights and picks the highest sum (``max-score-picker``):
 
 Here a request's prompt is known by its ``prefix_group`` (its first ``prefix_tokens`` are the
 group's, whole blocks of them shared, the rest its own) or its ``block_hashes`` (matched at the
-trace's block size, ``hash_block_tokens``); a request with neither shares no block, and its
-blocks are recorded all the same. The gauges are read at the arrival (llm-d scrapes them every
+trace's block size, ``hash_block_tokens``, each trace block counting the whole engine blocks that
+end in it); a request with neither shares no block, and its blocks are recorded all the same. Only
+whole engine blocks count, the score's share too (a prompt's last partial block is not hashed). The gauges are read at the arrival (llm-d scrapes them every
 50 ms); ties go to the lowest position (llm-d shuffles them). Each decision scans the
 instances, O(N), plus O(blocks of the prompt).
 
@@ -118,32 +119,39 @@ class WeightedRouter:
         if not instances:
             return {}, [], 0
         block = instances[0].kv.block_size
-        limit = self.config.max_prefix_blocks * block  # tokens of the prompt's start that are matched
-        if request.prompt_tokens < block:  # llm-d hashes no block of a prompt shorter than one
+        # llm-d hashes the prompt's whole engine blocks only ("if the last block is smaller than
+        # cacheBlockSize, it will be ignored"), at most max_prefix_blocks of them, and scores the
+        # share of them an endpoint holds
+        total = min(request.prompt_tokens // block, self.config.max_prefix_blocks)
+        if not total:  # a prompt shorter than one block: nothing hashed
             return {}, [], 0
-        total = min(-(-request.prompt_tokens // block), self.config.max_prefix_blocks)
         if request.prefix_group is not None:
             shared = min(request.prefix_tokens // block, total)
             blocks = [((_GROUP, request.prefix_group, i), 1) for i in range(shared)]
             own = total - shared
         elif request.block_hashes:
-            size = request.hash_block_tokens
-            hashes = request.block_hashes[:-(-limit // size)]
-            left = min(request.prompt_tokens, limit)
-            blocks = []
-            for h in hashes:
-                blocks.append((h, -(-max(1, min(size, left)) // block)))
-                left -= size
-            total, own = len(hashes), 0
+            # a trace block of hash_block_tokens stands for the engine's whole blocks that end in
+            # it (counted in engine blocks, as llm-d's index holds them: a trace block of 512 tokens
+            # is 32 blocks of 16); one that ends no whole engine block adds nothing
+            size, end = request.hash_block_tokens, total * block
+            blocks, done = [], 0
+            for j, h in enumerate(request.block_hashes):
+                if j * size >= end:
+                    break
+                upto = min((j + 1) * size, end) // block
+                if upto > done:
+                    blocks.append((h, upto - done))
+                    done = upto
+            own = total - done  # (a prompt longer than its trace blocks: the rest is its own)
         else:
             return {}, [], total
         counts: dict = {}
-        for key, _ in blocks:
+        for key, size in blocks:
             holders = self._holders.get(key)
             if not holders:
                 break
             for i in holders:
-                counts[i] = counts.get(i, 0) + 1
+                counts[i] = counts.get(i, 0) + size
         return {i: n / total for i, n in counts.items()}, blocks, own
 
     def _record(self, view, blocks: list, own: int) -> None:
