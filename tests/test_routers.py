@@ -730,3 +730,41 @@ def test_the_reference_engine_serves_several_instances_like_the_fast_one(tmp_pat
     runs = run_toml(tmp_path, CLOSED_ROWS, toml)
     compare_runs(runs["fast"], runs["reference"], rel=1e-12)
     assert set(runs["reference"].requests["instance"].tolist()) == {0, 1}
+
+
+def test_a_class_rank_router_names_the_ranks_of_a_deployment(tmp_path):
+    """A ``rank_router`` picks among one deployment's data-parallel ranks: an index out of range is
+    said so (it read "the cluster has 2 instances" of a cluster of 3 deployments: review s80)."""
+    from schedlab.study.experiment import load
+
+    path = tmp_path / "dp.toml"
+    path.write_text(textwrap.dedent("""
+        [experiment]
+        name = "dp"
+        [workload]
+        kind = "synthetic"
+        num_requests = 4
+        rate = 1.0
+        prompt = {dist = "fixed", value = 32}
+        output = {dist = "fixed", value = 4}
+        [scheduler]
+        kind = "vllm"
+        [kv_cache]
+        kind = "paged"
+        model = "qwen3-30b-a3b"
+        gpu = "rtx-pro-6000-server"
+        [cost_model]
+        kind = "roofline"
+        model = "qwen3-30b-a3b"
+        gpu = "rtx-pro-6000-server"
+        [cluster]
+        data_parallel = 2
+        expert_parallel = true
+        instances = 3
+        rank_router = {kind = "class", classes = {default = [2]}}
+        [[runs]]
+        name = "a"
+    """))
+    with pytest.raises(ConfigError, match=r"\[cluster.rank_router\]: classes.default lists rank 2, but each deployment "
+                                          r"has 2 ranks \(indices 0 to 1\)"):
+        load(str(path))

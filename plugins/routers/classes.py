@@ -71,16 +71,21 @@ class ClassRouter:
         self._default = tuple(sorted(self.config.default)) or None
         self._checked_size: int | None = None
 
+    #: what its indices number, for messages: a cluster's instances, or (set by the builder of a
+    #: ``rank_router``) each data-parallel deployment's ranks
+    members = ("instance", "the cluster has")
+
     def check_cluster(self, size: int) -> None:
         """Fail early when a listed instance index is not in a cluster of ``size`` (the message
         says neither the file nor the table: whoever calls this names them)."""
+        unit, whose = self.members
         lists = [(f"classes.{k}", v) for k, v in self._targets.items()]
         if self._default is not None:
             lists.append(("default", self._default))
         for label, indices in lists:
             bad = [i for i in indices if i >= size]
             if bad:
-                raise ConfigError(f"{label} lists instance {bad[0]}, but the cluster has {_instances(size)} "
+                raise ConfigError(f"{label} lists {unit} {bad[0]}, but {whose} {_count(size, unit)} "
                                   f"(indices 0 to {size - 1})")
         self._checked_size = size
 
@@ -99,7 +104,7 @@ class ClassRouter:
     def route(self, request, instances: Sequence) -> int:
         if self._checked_size != len(instances):
             if self._checked_size is not None:  # the list changed under it: an autoscaled pool
-                raise ConfigError(f"{WHERE}: set up for a cluster of {_instances(self._checked_size)}, but given "
+                raise ConfigError(f"{WHERE}: set up for a cluster of {_count(self._checked_size, 'instance')}, but given "
                                   f"{len(instances)} to choose from: its lists name instances by number, which "
                                   "needs a fixed cluster (not an autoscaled one)")
             try:
@@ -110,5 +115,5 @@ class ClassRouter:
         return least_outstanding(instances, candidates)
 
 
-def _instances(n: int) -> str:
-    return "1 instance" if n == 1 else f"{n} instances"
+def _count(n: int, unit: str) -> str:
+    return f"1 {unit}" if n == 1 else f"{n} {unit}s"

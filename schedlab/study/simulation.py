@@ -802,8 +802,12 @@ def _clocked(ctx: Context, tables: dict, cost, where: str):
         raise type(exc)(f"{where}: {exc}") from None
 
 
-def _build_router(ctx: Context, table: dict, count: int, where: str):
+def _build_router(ctx: Context, table: dict, count: int, where: str, ranks: bool = False):
+    """A router over ``count`` instances -- or, ``ranks``, a deployment's ``count`` data-parallel
+    ranks (a router that names them by number says so in its messages, ``members``)."""
     router = build_component(ctx, "router", table, where)
+    if ranks and hasattr(router, "members"):
+        router.members = ("rank", "each deployment has")
     check = getattr(router, "check_cluster", None)  # optional: routers that name instances
     if check is not None:
         try:
@@ -1194,7 +1198,7 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     if lockstep and deployments > 1:
         router = _build_router(ctx, cluster.router, deployments, f"{where} [cluster.router]")
         table = cluster.rank_router or by_engine
-        rank_routers = [_build_router(ctx, table, parallelism.data_parallel, f"{where} [cluster.rank_router]")
+        rank_routers = [_build_router(ctx, table, parallelism.data_parallel, f"{where} [cluster.rank_router]", ranks=True)
                         for _ in range(1 if check_only else deployments)]
     elif lockstep:  # one deployment: router picks the rank, as rank_router would
         if cluster.rank_router is not None and "router" in cluster_table:
