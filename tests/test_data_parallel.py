@@ -738,3 +738,20 @@ def test_roofline_lockstep_runs_match_the_reference(requests, cfg, ranks, spare)
     runs = [run_data_parallel(requests, make, ranks, fresh_router(), engine=engine) for engine in ENGINES]
     compare_runs(*runs, rel=1e-9)
     check_run(runs[0], requests)
+
+
+def test_a_class_rank_router_names_the_ranks_of_a_deployment(tmp_path):
+    """A ``rank_router`` picks among one deployment's data-parallel ranks: an index out of range is
+    said so (it read "the cluster has 2 instances" of a cluster of 3 deployments: review s80)."""
+    text = """
+        [cluster]
+        data_parallel = 2
+        expert_parallel = true
+        instances = 3
+        rank_router = {kind = "class", classes = {default = [2]}}
+        [[runs]]
+        name = "a"
+    """
+    with pytest.raises(ConfigError, match=r"\[cluster.rank_router\]: classes.default lists rank 2, but each deployment "
+                                          r"has 2 ranks \(indices 0 to 1\)"):
+        load(write(tmp_path, text))
