@@ -932,7 +932,8 @@ def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False, *,
         "requests": int(sel.sum()),
         "finished": int(ok.sum()),
         "generated_tokens": generated,
-        "throughput_tps": generated / run_seconds if run_seconds > 0 else float("nan"),
+        # (none made: 0 per second whatever the span, as the run's own throughput_tps says it)
+        "throughput_tps": generated / run_seconds if run_seconds > 0 else (0.0 if not generated else float("nan")),
     }
     stats = sub
     if measured is not None:
