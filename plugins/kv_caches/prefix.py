@@ -273,7 +273,9 @@ class PrefixKVCache(PagedKVCache):
             return self._whole_input_hit(seq)
         tokens = seq.num_tokens
         if self.window is None:
-            if self.host is not None and not tokens % self.block_size:  # the host may hold the last block
+            if self.host is not None and not tokens % self.block_size and self.block_size > 1:
+                # the host may hold the last block (not of one-token blocks: the token recomputed
+                # would be the whole block loaded, which vLLM loads; this load is left out)
                 n = self._blocks_found(seq.request, tokens // self.block_size, (tokens - 1) // self.block_size)
                 return tokens - 1 if n * self.block_size == tokens else n * self.block_size
             return self._blocks_found(seq.request, (tokens - 1) // self.block_size) * self.block_size
@@ -302,13 +304,14 @@ class PrefixKVCache(PagedKVCache):
         hit = self._blocks_found(seq.request, tokens // self.block_size) * self.block_size
         return tokens - 1 if hit == tokens else hit
 
-    def _hit_blocks(self, seq, cached_tokens: int) -> int:
+    def _hit_blocks(self, seq, cached_tokens: int, received: bool = False) -> int:
         """The blocks a hit of ``cached_tokens`` references: its whole blocks, or every block of an
         input of whole blocks found whole -- cached when freed (TGI), or its last block on the host
-        tier (vLLM's connector) -- its last token computed again in its block."""
+        tier (vLLM's connector) -- its last token computed again in its block; not for KV that
+        arrives computed (``received``: a decode instance's pull brings the last block)."""
         tokens = seq.num_tokens
         if cached_tokens == tokens - 1 and not tokens % self.block_size and self.window is None and (
-                self.on_free or self.host is not None):
+                self.on_free or (self.host is not None and self.block_size > 1)) and not received:
             return tokens // self.block_size
         return cached_tokens // self.block_size
 
@@ -365,11 +368,11 @@ class PrefixKVCache(PagedKVCache):
             return per <= need or j % per >= per - need
         return False
 
-    def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int):
+    def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int, received: bool = False):
         """(hits: GPU blocks to reference and host keys to load, fresh blocks to take -- the
         loads' included --, blocks leaving the free pool)."""
         held = self.held(seq)
-        hits = self._hits(seq.request, self._hit_blocks(seq, cached_tokens),
+        hits = self._hits(seq.request, self._hit_blocks(seq, cached_tokens, received),
                           self._gpu_hit_limit(seq)) if cached_tokens and not held else []
         tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
         if reserve_tokens > tokens:
@@ -387,7 +390,7 @@ class PrefixKVCache(PagedKVCache):
 
     def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int,
                     received: bool = False) -> tuple:
-        hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens, received)
         if self.window is None:
             return need, (hits, fresh, need, 0, False)
         change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens, received=received)

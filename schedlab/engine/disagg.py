@@ -23,7 +23,7 @@ from .load import RoutingClock, views_of
 from .plan import received_rejection_hook, refusal
 from .sequence import ABORTED, DECODING, PARKED, SWAPPED, Sequence
 from .transfer import (FIRST_TOKEN, KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, first_step_done,
-                       kv_bytes_per_token, pool_reason, prefill_request, pull_keywords,
+                       kv_bytes_per_token, pool_reason, prefill_request, pull_keywords, pulled_hit,
                        pull_reservation, pulled_counters, tokens_moved)
 
 INF = math.inf
@@ -243,7 +243,7 @@ class DecodeStage:
             tr = queue[0]
             seq = tr.decode_seq
             prompt = seq.prompt
-            hit = inst.prefix_hit(seq) if inst.prefix_hit is not None else 0
+            hit = pulled_hit(kv, prompt, inst.prefix_hit(seq)) if inst.prefix_hit is not None else 0
             reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest)
             if headroom is not None:
                 keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)

@@ -39,7 +39,7 @@ from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
 from .stall import check_kv_released, stall_message
 from .transfer import (FIRST_TOKEN, KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, first_step_done,
-                       kv_bytes_per_token, pool_reason, prefill_request, pull_keywords,
+                       kv_bytes_per_token, pool_reason, prefill_request, pull_keywords, pulled_hit,
                        pull_reservation, pulled_counters, tokens_moved)
 
 INF = math.inf
@@ -432,7 +432,7 @@ class DecodeRole:
             tr = self.waiting_for_kv[0]
             seq = tr.decode_seq
             prompt = seq.request.prompt_tokens
-            hit = inst.prefix_hit(seq) if inst.prefix_hit is not None else 0
+            hit = pulled_hit(inst.kv, prompt, inst.prefix_hit(seq)) if inst.prefix_hit is not None else 0
             reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest)
             received = pull_keywords(inst.kv)
             if headroom is not None:

@@ -116,10 +116,23 @@ def kv_bytes_per_token(kv) -> tuple[float, int]:
 
 
 def pull_keywords(kv) -> dict:
-    """What a decode instance's ``allocate``/``blocks_needed`` of a pulled prompt add: with sliding-window
-    layers, that the KV arrives computed (``received``: their window slid already -- vLLM's
-    ``allocate_external_computed_blocks`` leaves the blocks before the next token's window null)."""
-    return {"received": True} if getattr(kv, "window", None) is not None else {}
+    """What a decode instance's ``allocate``/``blocks_needed`` of a pulled prompt add: that the KV
+    arrives computed (``received``), to a cache that takes it (``takes_received``, or one with
+    sliding-window layers): their window slid already -- vLLM's ``allocate_external_computed_blocks``
+    leaves the blocks before the next token's window null --, and a prefix cache's host tier does
+    not load the last block of a whole-block prompt to compute its last token again."""
+    if getattr(kv, "window", None) is not None or getattr(kv, "takes_received", False):
+        return {"received": True}
+    return {}
+
+
+def pulled_hit(kv, prompt: int, hit: int) -> int:
+    """A decode instance's local hit for a pulled ``prompt``: at most the whole blocks before its
+    last, which comes over the link (where the prompt is computed, a prefix cache with a host tier
+    finds a whole-block prompt's last block there and computes its last token again: a decode
+    instance pulled that block and loaded it too, review s80 diff)."""
+    most = (prompt - 1) // kv.block_size * kv.block_size
+    return hit if hit <= most else most
 
 
 def tokens_moved(kv, prompt: int, hit: int) -> int:
