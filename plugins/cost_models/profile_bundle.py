@@ -476,6 +476,8 @@ class AttentionTable:
             raise BundleError(f"{path}: the shots do not cover a grid (a whole prefill_chunk or "
                               f"n_decode value without any shot)")
         grid = self._monotone(grid, pcs)
+        # the largest chunk profiled: a longer one is timed as chunks of it over a growing context
+        self.pc_top = float(pcs[-1]) if len(pcs) >= 2 and pcs[-1] > 0 else None
         axes = [pcs, nds, kps, kds]
         for axis in range(4):
             xs = axes[axis]
@@ -537,7 +539,26 @@ class AttentionTable:
 
     def at_contexts(self, pc: float, kp: float, nd: float, kd: float, kd_other: float) -> tuple[float, float]:
         """The time at two decode contexts of the same (chunk, prefill context, decodes) --
-        the mean and the longest, for the skew correction -- sharing the lookups."""
+        the mean and the longest, for the skew correction -- sharing the lookups.
+
+        A chunk longer than the largest profiled one (``pc_top``) is timed as that chunk with the
+        decodes, then the rest in chunks of ``pc_top`` tokens alone, each after the cached context
+        and the chunks before it: the same (query, key) pairs, each piece on the profile's own
+        context axis. (The chunk axis extrapolated on its line grew linearly with the chunk, not
+        with its keys: a 16k-token prompt in one chunk had 4.5 times less attention than in
+        2,048-token chunks of the same pairs: review s80 cost.)"""
+        top = self.pc_top
+        if top is not None and pc > top:
+            first, other = self.at_contexts(top, kp, nd, kd, kd_other)
+            done, context = top, kp + top
+            while done < pc:
+                piece = pc - done if pc - done < top else top
+                alone = self.at_contexts(piece, context, 0.0, 0.0, 0.0)[0]
+                first += alone
+                other += alone
+                done += piece
+                context += piece
+            return first, other
         i, ti = self._position(self._pc_positions, self.pcs, pc)
         j, tj = self._position(self._nd_positions, self.nds, nd)
         p, tp = _axis_position(self.kps, kp + pc if self.by_key else kp)
