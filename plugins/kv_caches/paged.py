@@ -34,9 +34,6 @@ class PagedKVCache:
     """Count-only block pool; ``grow`` lets the fast engine allocate many decode blocks at once."""
 
     prefix_caching = False
-    #: ``allocate``/``blocks_needed`` take ``received`` (a pulled prompt's KV arrives computed:
-    #: :func:`schedlab.engine.transfer.pull_keywords` passes it)
-    takes_received = True
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, swap_blocks: int = 0,
                  bytes_per_block: int = 0, host_link_gbps: float = 25.0, window=None):

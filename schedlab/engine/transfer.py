@@ -80,6 +80,7 @@ last prompt token opens a block keeps that block's slot as a reservation until i
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import attrs
@@ -117,13 +118,28 @@ def kv_bytes_per_token(kv) -> tuple[float, int]:
 
 def pull_keywords(kv) -> dict:
     """What a decode instance's ``allocate``/``blocks_needed`` of a pulled prompt add: that the KV
-    arrives computed (``received``), to a cache that takes it (``takes_received``, or one with
-    sliding-window layers): their window slid already -- vLLM's ``allocate_external_computed_blocks``
-    leaves the blocks before the next token's window null --, and a prefix cache's host tier does
-    not load the last block of a whole-block prompt to compute its last token again."""
-    if getattr(kv, "window", None) is not None or getattr(kv, "takes_received", False):
+    arrives computed (``received``), to a cache with sliding-window layers or whose ``allocate``
+    takes it: their window slid already -- vLLM's ``allocate_external_computed_blocks`` leaves the
+    blocks before the next token's window null --, and a prefix cache's host tier does not load
+    the last block of a whole-block prompt to compute its last token again."""
+    if getattr(kv, "window", None) is not None or _takes_received(type(kv)):
         return {"received": True}
     return {}
+
+
+_TAKES_RECEIVED: dict = {}
+
+
+def _takes_received(cls) -> bool:
+    """Whether ``cls.allocate`` has a ``received`` parameter (a plugin's cache may not)."""
+    known = _TAKES_RECEIVED.get(cls)
+    if known is None:
+        try:
+            known = "received" in inspect.signature(cls.allocate).parameters
+        except (AttributeError, TypeError, ValueError):
+            known = False
+        _TAKES_RECEIVED[cls] = known
+    return known
 
 
 def pulled_hit(kv, prompt: int, hit: int) -> int:
