@@ -170,7 +170,8 @@ class CostModel(Protocol):
     * pipeline parallelism (``pipeline_parallel = P``): ``pipeline_ms(batch)``, the ``P`` stages'
       times of the iteration and the time of the activations' send from one stage to the next
       -- one number for every hop, or a sequence of each hop's (``P - 1``: a pipeline over nodes
-      leaves a node on some hops only) -- (:mod:`schedlab.engine.pipeline`). With ``[power]`` or ``[clock]`` the work is split alike:
+      leaves a node on some hops only) -- (:mod:`schedlab.engine.pipeline`). With ``[power]`` or
+      ``[clock]`` the work is split alike:
       ``stage_work(batch)``, the ``(bytes, flops)`` one GPU of each stage reads and computes (they
       add up to ``work``); the first stage's kernels are its time less the host's share of the
       step (``iteration_ms - kernel_ms``) (:class:`schedlab.engine.stage_cost.StageCost` hands

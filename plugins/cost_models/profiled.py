@@ -55,8 +55,9 @@ most iterations agree within 1%):
   +0.43 ms at 1 token, +22 ms at 2,048);
 * past the profile (2,048 tokens on the shipped bundles) each table goes on along the chord of
   its top half, and a longer chunk's attention is its profiled-size pieces over the growing
-  context (:meth:`~.profile_bundle.AttentionTable.at_contexts`); LLMServingSim extrapolates its last two points, which can go down (a 4,096-token
-  prefill on Qwen3-32B: 762.7 ms here, 144.1 there). A batch past the profiled tokens or
+  context (:meth:`~.profile_bundle.AttentionTable.at_contexts`); LLMServingSim extrapolates its
+  last two points, which can go down (a 4,096-token prefill on Qwen3-32B: 762.7 ms here, 144.1
+  there). A batch past the profiled tokens or
   sequences is warned of once (:class:`~.profile_bundle.ProfileRangeWarning`);
 * non-decreasing smoothing pools the 1-token point (often measured slower than 2 tokens): a lone
   request's decode step is 2-3% short (Qwen3-32B: 43.57 against 44.81 ms);

@@ -21,7 +21,8 @@ Here a request's prompt is known by its ``prefix_group`` (its first ``prefix_tok
 group's, whole blocks of them shared, the rest its own) or its ``block_hashes`` (matched at the
 trace's block size, ``hash_block_tokens``, each trace block counting the whole engine blocks that
 end in it); a request with neither shares no block, and its blocks are recorded all the same. Only
-whole engine blocks count, the score's share too (a prompt's last partial block is not hashed). The gauges are read at the arrival (llm-d scrapes them every
+whole engine blocks count, the score's share too (a prompt's last partial block is not hashed).
+The gauges are read at the arrival (llm-d scrapes them every
 50 ms); ties go to the lowest position (llm-d shuffles them). Each decision scans the
 instances, O(N), plus O(blocks of the prompt).
 

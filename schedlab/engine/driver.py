@@ -218,7 +218,8 @@ def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=No
     events (ticks, instances turning warm) come before arrivals at the same time, and go on
     while requests are to arrive or an instance has an event to come: a controller cannot know
     that no request will come (they stopped with the last arrival: review s80 routers, finding
-    1), and a run whose work is done, or stuck, has nothing left to decide. With clients that give up (``aborting``, or once a request with its own
+    1), and a run whose work is done, or stuck, has nothing left to decide.
+    With clients that give up (``aborting``, or once a request with its own
     ``timeout_ms`` arrives), an instance's aborts end its runs (see :meth:`Instance.step`); one
     between iterations at an arrival's time aborts what is due before the router looks
     (:meth:`Instance.settle`). A ``closed`` loop's events are done one at a time, each one's
