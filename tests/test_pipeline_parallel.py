@@ -696,6 +696,26 @@ def test_a_pipeline_over_nodes_pays_the_network_only_where_a_stage_starts_a_node
     assert PipelineSends(model, machine, 2, 4).send_ms(8192) == pytest.approx(near)
 
 
+def test_a_pipeline_in_a_box_of_nvlink_pairs_sends_between_pairs_over_pcie():
+    """Vidur's H100 boxes: NVLink bridges GPUs 0-1 and 2-3, PCIe Gen5 between the pairs. PP 4 at
+    TP 1 sends 0 -> 1 and 2 -> 3 over a bridge and 1 -> 2 over PCIe (every hop took the bridge)."""
+    from schedlab_plugins.cost_models.collectives import BASE_US, HOP_US, PCIE_P2P_GBPS, TOPOLOGIES, Collectives
+    from schedlab_plugins.cost_models.pipeline import ISLAND, ISLANDS, NODES, PipelineSends, hop_links
+
+    assert hop_links(4, 1, 4, 2) == (ISLAND, ISLANDS, ISLAND)
+    assert hop_links(2, 2, 4, 2) == (ISLANDS,)          # stage 0 is GPUs 0-1, stage 1 GPUs 2-3
+    assert hop_links(4, 2, 4, 2) == (ISLANDS, NODES, ISLANDS)
+    assert hop_links(4, 1, 8) == (ISLAND,) * 3          # one island: the node
+    model, machine = _presets().model("llama-3-8b"), TOPOLOGIES["nvlink-pairs-h100"]
+    both = 2 * 8192 * model.hidden_size * model.dtype_bytes  # hidden states and residual, bf16
+    near = Collectives(machine, 2, 2).send_recv_ms(both)
+    # one step over PCIe at the Gen5 peer-to-peer rate, Simple (the fastest at 134 MB)
+    pcie = (BASE_US["ring"]["Simple"] + HOP_US["pcie"]["ring"]["Simple"] + both / (PCIE_P2P_GBPS["gen5"] * 1e3)) / 1e3
+    assert pcie > 2 * near
+    assert PipelineSends(model, machine, 4, 1).send_ms(8192) == pytest.approx((near, pcie, near))
+    assert PipelineSends(model, machine, 2, 1).send_ms(8192) == pytest.approx(near)
+
+
 def test_a_stage_clock_takes_each_hops_own_send():
     clock = StageClock(3)
     # stage 0 0-2, hop 1 ms, stage 1 3-5, hop 3 ms, stage 2 8-10

@@ -354,7 +354,7 @@ class Collectives:
             self._link = LINK_CLASS[t.cross_island_link]
             self._bus = min(t.island_bus_gbps(island), slow)
             self._ring = min(t.ring_bus_gbps(island), slow)
-            self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
+            self._p2p = min(t.p2p_gbps or t.island_bus_gbps(2), slow)  # (a send between islands: their link)
         self._per_node = per_node
         # NCCL's own estimate picks the protocol inside an island of one node (its LL ceiling too)
         self._nccl_bus = t.nccl_bus_gbps if self.nodes == 1 and per_node <= island else None

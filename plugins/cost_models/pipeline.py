@@ -14,7 +14,8 @@ is sent whole). The receiving stage waits for both, so both are in the time from
 the next. Ranks are numbered tensor-parallel first (``pp_rank x tp + tp_rank``), so stage ``k``
 holds GPUs ``k x tp`` to ``(k + 1) x tp - 1`` and a pipeline over several nodes crosses between
 nodes only where a stage starts a node: that hop's send takes the network, the others stay in
-a node (``send_ms`` then gives each hop's time).
+a node (``send_ms`` then gives each hop's time). In a node of islands (NVLink-bridged pairs,
+PCIe between them) a hop whose ranks sit in different islands takes the link between islands.
 
 A cost model splits its iteration time into what runs once before the first layer, what
 runs once after the last, and the layers' share, which is the same for every layer of a
@@ -22,6 +23,8 @@ batch (:func:`split_stages`).
 """
 
 from __future__ import annotations
+
+import attrs
 
 from schedlab.capacity import ModelSpec
 from schedlab.errors import ConfigError
@@ -57,11 +60,15 @@ class PipelineSends:
             raise ConfigError(f"model {model.name!r}: hidden_size is needed for the activations sent between "
                               "pipeline stages")
         self.layers = stage_layers(model.num_layers, stages)
-        #: whether the send from stage k to stage k + 1 leaves a node (any of its rank pairs)
-        self.hop_crosses = hop_crosses(stages, tensor_parallel, topology.gpus_per_node)
-        # a send within a node, and one between nodes (built only where a hop needs it)
-        self.collectives = None if all(self.hop_crosses) else Collectives(topology, 2, 2)
-        self.network = Collectives(topology, 2, 1) if any(self.hop_crosses) else None
+        #: the link of the send from stage k to stage k + 1 (:func:`hop_links`)
+        self.hop_links = hop_links(stages, tensor_parallel, topology.gpus_per_node, topology.island_size)
+        #: whether it leaves a node (any of its rank pairs)
+        self.hop_crosses = tuple(link == NODES for link in self.hop_links)
+        # a send within an island, between islands of a node, between nodes (built where a hop needs it)
+        builders = {ISLAND: lambda: Collectives(topology, 2, 2),
+                    ISLANDS: lambda: Collectives(attrs.evolve(topology, island=1), 2, 2),
+                    NODES: lambda: Collectives(topology, 2, 1)}
+        self._links = {link: builders[link]() for link in sorted(set(self.hop_links))}
         # The receiving stage's tensor-parallel group, which all-gathers the slices.
         self.gather = Collectives(topology, tensor_parallel)
         self.tensor_parallel = tensor_parallel
@@ -76,12 +83,8 @@ class PipelineSends:
         when some leave a node and others do not (``pipeline_ms``'s send may be either)."""
         ms = self._memo.get(tokens)
         if ms is None:
-            inside = self._one_send(self.collectives, tokens) if self.collectives is not None else None
-            across = self._one_send(self.network, tokens) if self.network is not None else None
-            if across is None or inside is None:
-                ms = inside if across is None else across
-            else:
-                ms = tuple(across if crosses else inside for crosses in self.hop_crosses)
+            by_link = {link: self._one_send(pair, tokens) for link, pair in self._links.items()}
+            ms = next(iter(by_link.values())) if len(by_link) == 1 else tuple(by_link[k] for k in self.hop_links)
             if len(self._memo) < 1 << 16:
                 self._memo[tokens] = ms
         return ms
@@ -94,10 +97,22 @@ class PipelineSends:
         return link.send_recv_ms(2 * tensor)
 
 
+#: The link a send between two GPUs takes: within an island, between islands of a node, between nodes
+ISLAND, ISLANDS, NODES = 0, 1, 2
+
+
+def hop_links(stages: int, tensor_parallel: int, gpus_per_node: int, island: int | None = None) -> tuple[int, ...]:
+    """For each hop from stage ``k`` to ``k + 1``, the slowest link a rank's send takes
+    (:data:`ISLAND`, :data:`ISLANDS` or :data:`NODES`): rank ``i`` of stage ``k`` is GPU ``k x tp
+    + i`` (vLLM numbers ranks tensor-parallel first) and sends to GPU ``(k + 1) x tp + i``; nodes
+    hold ``gpus_per_node`` consecutive GPUs, islands ``island`` (default: the node)."""
+    tp, island = tensor_parallel, island or gpus_per_node
+
+    def link(a: int, b: int) -> int:
+        return NODES if a // gpus_per_node != b // gpus_per_node else ISLANDS if a // island != b // island else ISLAND
+    return tuple(max(link(k * tp + i, (k + 1) * tp + i) for i in range(tp)) for k in range(stages - 1))
+
+
 def hop_crosses(stages: int, tensor_parallel: int, gpus_per_node: int) -> tuple[bool, ...]:
-    """For each hop from stage ``k`` to ``k + 1``, whether a rank sends to a GPU of another node:
-    rank ``i`` of stage ``k`` is GPU ``k x tp + i`` (vLLM numbers ranks tensor-parallel first) and
-    sends to GPU ``(k + 1) x tp + i``; nodes hold ``gpus_per_node`` consecutive GPUs."""
-    tp = tensor_parallel
-    return tuple(any((k * tp + i) // gpus_per_node != ((k + 1) * tp + i) // gpus_per_node for i in range(tp))
-                 for k in range(stages - 1))
+    """For each hop from stage ``k`` to ``k + 1``, whether a rank sends to a GPU of another node."""
+    return tuple(link == NODES for link in hop_links(stages, tensor_parallel, gpus_per_node))
