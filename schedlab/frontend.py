@@ -71,7 +71,9 @@ and its disconnect reaches the server ``network_ms`` later, where the engine abo
 next step (vLLM aborts a request when its client disconnects: ``engine_client.abort``; the
 engine core frees its KV blocks and slot when it next reads its input queue) -- or, if a step is
 computing the request then, at that step's end, before its output: the step's token for it is
-never sent (``EngineCore.step``; modelled where batches are planned synchronously on one stage).
+never sent (``EngineCore.step``, planned synchronously or ahead; a pipeline has its own rule). A
+request still waiting for an API server handler at its disconnect is cancelled there
+(``with_cancellation``): it takes no handler (:mod:`schedlab.engine.client`).
 """
 
 from __future__ import annotations

@@ -154,6 +154,26 @@ def test_a_request_whose_client_left_before_it_arrived_is_aborted_on_arrival(eng
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_whose_client_left_while_it_waited_for_the_api_server_holds_no_handler(engine):
+    """One handler, 10 ms a request, clients give up 15 ms after sending (vLLM's
+    ``with_cancellation`` cancels the handler's task at the disconnect). A (sent 0) is handled
+    0-10. B (sent 1, disconnect 16) starts at 10: handled in full (a tokenizer thread cannot be
+    stopped), it reaches the engine at 20, already abandoned. C (sent 2) is still waiting at its
+    disconnect, 17: cancelled, it takes no handler, so D (sent 3, patient) starts at 20, not 30,
+    and reaches the engine at 30 (it reached it at 40 when C was handled in full)."""
+    front = FrontendConfig(network_ms=0.0, request_ms=10.0, tokenize_ms_per_token=0.0, token_ms=0.0, workers=1)
+    side = ClientSide(front, ClientConfig(timeout_ms=15.0, classes={"patient": {"timeout_ms": 1e6}}))
+    requests = [Request(0, 0.0, 4, 1), Request(1, 1.0, 4, 1), Request(2, 2.0, 4, 1),
+                Request(3, 3.0, 4, 1, request_class="patient")]
+    r = run_engine(requests, ContinuousScheduler(), LinearCostModel(), engine=engine, client_side=side)
+    assert column(r, "arrival_ms") == [10.0, 20.0, 17.0, 30.0]
+    assert column(r, "aborted") == [0, 1, 1, 0]
+    assert column(r, "timed_out") == [0, 1, 1, 0]
+    assert column(r, "generated_tokens") == [1, 0, 0, 1]
+    assert column(r, "client_done_ms")[1:3] == [16.0, 17.0]  # when their clients gave up
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_timeouts_per_class(engine):
     """Chats give up after 20 ms, documents never: with one slot, the chat queued behind the
     document is abandoned while the document runs."""

@@ -15,6 +15,9 @@ then be handled only once the driver has reached its reception time -- by then e
 that could be received before it has been sent -- so receptions are events of their own
 (with ``workers = 0`` nothing waits, and requests are handled when released). The clients'
 deadlines are events too in a closed loop: a client that gives up sends its next request then.
+A request whose client's disconnect reaches the API server before a handler takes it is
+cancelled there (vLLM's ``with_cancellation``): it holds no handler, and reaches the engine at
+the disconnect, already abandoned (aborted at once, :meth:`Instance.arrive`).
 """
 
 from __future__ import annotations
@@ -46,11 +49,15 @@ class ApiServer:
     def received_ms(self, sent_ms: float) -> float:
         return sent_ms + self.config.network_ms
 
-    def arrival_ms(self, received_ms: float, prompt_tokens: int) -> float:
-        """When the engine receives a request received at ``received_ms`` (call in reception order)."""
+    def arrival_ms(self, received_ms: float, prompt_tokens: int, disconnect_ms: float = INF) -> float:
+        """When the engine receives a request received at ``received_ms`` (call in reception order)
+        -- or, if its client's disconnect (at ``disconnect_ms``) comes while it still waits for a
+        handler, then: cancelled, it takes no handler (:func:`schedlab.frontend.disconnect_ms`)."""
         handling = self.config.handling_ms(prompt_tokens)
         free = self._free
         start = received_ms if free is None or received_ms > free[0] else free[0]
+        if disconnect_ms <= start:
+            return disconnect_ms
         if not start + handling <= MAX_TIME_MS:  # (named here: the request's arrival_ms check names no table)
             raise ConfigError(f"[frontend]: a request of {prompt_tokens:,} prompt tokens is handled for {handling:g} ms "
                               f"(request_ms + tokenize_ms_per_token x its prompt), which takes it past the clock's "
@@ -168,9 +175,14 @@ class ClientArrivals:
         received, rid, request = item
         side = self._side
         sent = request.arrival_ms
-        arrival = self._api.arrival_ms(received, request.prompt_tokens) if self._api is not None else sent
+        timeout = side.timeout_for(request)
+        if self._api is not None:
+            disconnect = INF if timeout is None else sent + timeout + self._api.config.network_ms
+            arrival = self._api.arrival_ms(received, request.prompt_tokens, disconnect)
+        else:
+            arrival = sent
         request = attrs.evolve(request, arrival_ms=arrival, sent_ms=sent if self._api is not None else None,
-                               timeout_ms=side.timeout_for(request))
+                               timeout_ms=timeout)
         heapq.heappush(self._handled, (arrival, received, rid, request))
         if self._closed:
             self._open[rid] = request

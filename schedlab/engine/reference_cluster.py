@@ -11,7 +11,8 @@ wake-up time, its next abort or until an event of its own wakes it.
 
 With a client side (:mod:`schedlab.frontend`) a request is first an event where the API server
 receives it; it waits in a first-come queue for a free handler, and its arrival at the engine
-is an event when its handling ends. In a closed loop, a client's deadline is an event too:
+is an event when its handling ends -- or, if its client's disconnect comes first (an event too),
+at the disconnect, cancelled without a handler. In a closed loop, a client's deadline is an event too:
 a client that gives up sends its next request then.
 
 Disaggregation (rules and sources in :mod:`schedlab.engine.transfer`) is written out here
@@ -180,6 +181,8 @@ class ReferenceCluster:
         events: list = []     # (time, kind, order, request); at one time: deadlines, receptions, arrivals
         api_queue: list = []  # requests the API server has received and not started, first received first
         handlers = [0]        # handlers at work
+        untaken: set = set()  # requests cancelled in the API server's queue, on their way to the engine
+        queued: set = set()   # ids in api_queue
         waiting_for: dict = {}  # closed loop with a client side: id -> request its client still waits for
 
         def send(request) -> None:
@@ -199,12 +202,16 @@ class ReferenceCluster:
                 prepared = attrs.evolve(request, timeout_ms=timeout)
                 heapq.heappush(events, (sent, ARRIVAL, (sent, request.id), prepared))
             else:
-                heapq.heappush(events, (sent + front.network_ms, RECEIVED, (request.id,), request))
+                received = sent + front.network_ms
+                heapq.heappush(events, (received, RECEIVED, (request.id,), request))
+                if timeout is not None and front.workers:  # its disconnect, if it is still waiting then
+                    heapq.heappush(events, (sent + timeout + front.network_ms, CANCEL, (request.id,), request))
 
         def start_handling(t: float) -> None:
             """Free handlers take the longest-waiting received requests."""
             while api_queue and (not front.workers or handlers[0] < front.workers):
                 request, received = api_queue.pop(0)
+                queued.discard(request.id)
                 handlers[0] += 1
                 arrival = t + front.handling_ms(request.prompt_tokens)
                 prepared = attrs.evolve(request, arrival_ms=arrival, sent_ms=request.arrival_ms,
@@ -232,6 +239,8 @@ class ReferenceCluster:
             send(request)
         seq_no = 0
         while True:
+            while events and events[0][1] == CANCEL and events[0][3].id not in queued:
+                heapq.heappop(events)  # (a handler took it: no event)
             self._arrivals_left = bool(events)
             t_event = min(events[0][0] if events else INF, self.next_other())
             t_plan, inst = self.plans.first()
@@ -251,7 +260,21 @@ class ReferenceCluster:
                                 send(follow_up)
                     elif kind == RECEIVED:
                         api_queue.append((request, t))
+                        queued.add(request.id)
                         start_handling(t)
+                    elif kind == CANCEL:  # its client's disconnect: cancelled if no handler took it yet
+                        if request.id in queued:
+                            queued.discard(request.id)
+                            received = api_queue.pop(next(i for i, (r, _) in enumerate(api_queue)
+                                                          if r.id == request.id))[1]
+                            cancelled = attrs.evolve(request, arrival_ms=t, sent_ms=request.arrival_ms,
+                                                     timeout_ms=side.timeout_for(request))
+                            heapq.heappush(events, (t, ARRIVAL, (received, request.id), cancelled))
+                            untaken.add(request.id)
+                    elif request.id in untaken:  # reaches the engine abandoned, holding no handler
+                        untaken.discard(request.id)
+                        self.deliver(request, seq_no, t)
+                        seq_no += 1
                     else:
                         if front is not None:  # its handler is free again
                             handlers[0] -= 1
@@ -271,7 +294,8 @@ class ReferenceCluster:
             self.changed(inst)
 
 
-DEADLINE, RECEIVED, ARRIVAL = 0, 1, 2  # event kinds, in the order they go at one time
+# event kinds, in the order they go at one time (a disconnect before a handler taking the request then)
+DEADLINE, CANCEL, RECEIVED, ARRIVAL = 0, 1, 2, 3
 
 
 # -- disaggregated prefill and decode -------------------------------------------------------------
