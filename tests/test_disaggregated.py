@@ -659,9 +659,9 @@ def test_a_request_never_runs_on_a_decode_instance_before_its_kv_has_landed(case
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 4), st.integers(5, 24), st.integers(1, 2), st.integers(1, 2), st.integers(0, 5),
-       st.sampled_from([None, 9.0, 40.0]), st.sampled_from(["decode", "prefill"]))
+       st.sampled_from([None, 9.0, 40.0]), st.sampled_from(["decode", "prefill"]), st.booleans())
 def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_requests, n_prefill, n_decode, seed,
-                                                                  timeout, first_token):
+                                                                  timeout, first_token, heard):
     """Clients send their next request when the decode side answers the last one, or when
     they give up on it."""
     make_workload = small_closed_loop(clients, num_requests)
@@ -675,7 +675,8 @@ def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_r
                                       prefill_router=RoundRobinRouter() if n_prefill > 1 else None,
                                       decode_router=LeastOutstandingRouter() if n_decode > 1 else None,
                                       bandwidth_gbps=LINK_GBPS, latency_ms=0.25, engine=engine, workload=workload,
-                                      client_side=side, kv_lease_ms=16.0, first_token=first_token))
+                                      client_side=side, kv_lease_ms=16.0, first_token=first_token,
+                                      prefill_hears_disconnect=heard))
     compare_runs(*runs, rel=1e-12)
     req = runs[0].requests
     assert req["id"].size == num_requests and req["rejected"].sum() == 0
@@ -762,6 +763,24 @@ def test_a_toml_cluster_with_clients_that_give_up_runs_on_both_engines(tmp_path)
     assert (req["finish_ms"][req["aborted"] == 1] >= req["sent_ms"][req["aborted"] == 1] + 150).all()
 
 
+def test_a_toml_proxy_that_keeps_disconnects_leaves_abandoned_prompts_kv_for_the_lease(tmp_path):
+    # Clients give up after 1 ms, mostly while their prompts wait or run on the prefill instance:
+    # told (the default), it aborts them there; behind a proxy that keeps the disconnect it
+    # completes each prompt, whose blocks then wait out the 500 ms lease.
+    text = DISAGG.replace('mode = "disaggregated"', 'mode = "disaggregated"\n    prefill_hears_disconnect = HEARD') + """
+    kv_lease_ms = 500
+    [client]
+    timeout_ms = 1
+    """
+    told = fast_run_agreeing_with_reference(write(tmp_path, text.replace("HEARD", "true")))
+    kept = fast_run_agreeing_with_reference(write(tmp_path, text.replace("HEARD", "false")))
+    assert told.metrics["transfer"]["aborted"]["prefilling"] > 0
+    assert kept.metrics["transfer"]["aborted"]["prefilling"] == 0
+    assert kept.metrics["transfer"]["aborted"]["prompt_done"] > told.metrics["transfer"]["aborted"]["prompt_done"]
+    held_told, held_kept = (r.meta["pools"]["prefill"]["kv_block_ms"] for r in (told, kept))
+    assert held_kept > held_told + 500 * kept.metrics["transfer"]["aborted"]["prompt_done"]
+
+
 def test_a_streamed_disaggregated_run_counts_its_aborts_as_an_exact_one(tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
     path = write(tmp_path, DISAGG + """
@@ -836,6 +855,10 @@ def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
     ("[cluster]\nmode = \"disaggregated\"\nfirst_token = 1\n", r"\[cluster\]: first_token: must be text, got"),
     ("[cluster]\ninstances = 2\nfirst_token = \"prefill\"\n",
      r"\[cluster\]: first_token: only a cluster with mode = 'disaggregated' hands its requests"),
+    ("[cluster]\ninstances = 2\nprefill_hears_disconnect = false\n",
+     r"\[cluster\]: prefill_hears_disconnect: only a cluster with mode = 'disaggregated' hands its requests"),
+    ("[cluster]\nmode = \"disaggregated\"\nprefill_hears_disconnect = 0\n",
+     r"\[cluster\]: prefill_hears_disconnect: must be true or false, got 0"),
     ("[cluster]\nmode = \"disaggregated\"\nfirst_tokens = \"decode\"\n",
      r"\[cluster\]: unknown key 'first_tokens' \(did you mean 'first_token'\?\)"),
     ("[cluster]\ninstances = 2\n[cluster.link]\nlatency_us = 3\n",
@@ -1028,29 +1051,53 @@ def gives_up(timeout_ms: float, network_ms: float = 0.0):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_client_that_leaves_while_its_prompt_runs_is_not_passed_on_and_its_kv_waits_out_the_lease(engine):
-    # Prompt 64 prefills 0-32; the client gives up at 20, mid-iteration. The prompt completes at
-    # 32 and is not handed over: aborted at 32 with no token (the prefill instance's is not the
-    # client's: with the first token on the prefill side it counts, below), its 4 blocks kept on the
-    # prefill instance until the lease (100 ms) runs out at 132. Nothing reaches the decode pool.
+def test_a_client_that_leaves_while_its_prompt_runs_is_aborted_after_the_step_and_its_kv_freed(engine):
+    # Prompt 64 prefills 0-32; the client gives up at 20, mid-iteration, and the proxy passes the
+    # disconnect on: the prefill engine core aborts the request after the step, before its output
+    # (FINISHED_ABORTED: no token, with the first token on the prefill side too), and NixlConnector's
+    # request_finished frees its 4 blocks at once -- the lease is for prompts finished LENGTH_CAPPED
+    # (review s81 aborts, finding 1: they were kept for the lease). Nothing reaches the decode pool.
     prefill_side = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0),
                        kv_lease_ms=100.0, first_token="prefill")
-    assert by_id(prefill_side, "generated_tokens") == {0: 1} and by_id(prefill_side, "first_token_ms") == {0: 32.0}
-    assert prefill_side.metrics["transfer"]["aborted"]["prompt_done"] == 1
+    assert by_id(prefill_side, "generated_tokens") == {0: 0} and by_id(prefill_side, "first_token_ms") == {0: -1.0}
+    assert prefill_side.metrics["generated_tokens"] == 0
+    assert prefill_side.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 32.0)
     r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0), kv_lease_ms=100.0)
     row = {c: by_id(r, c)[0] for c in r.requests}
     assert (row["aborted"], row["timed_out"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 32.0, 0)
     assert (row["first_token_ms"], row["kv_ready_ms"]) == (-1.0, 32.0)
     assert (row["instance"], row["output_tokens"], row["kv_pulled_ms"]) == (0, 3, -1.0)
     assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 1, "waiting_for_blocks": 0, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
-    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 132.0)
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 32.0)
     assert r.meta["pools"]["decode"]["kv_block_ms"] == 0.0
+    assert r.metrics["makespan_ms"] == 32.0
+    assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_proxy_that_keeps_the_disconnect_leaves_the_prompts_kv_for_the_lease(engine):
+    # The same, behind a proxy that does not pass the disconnect on: the prefill instance completes
+    # the prompt (its token sampled: with the first token on the prefill side it counts), the proxy
+    # drops it at its hand-off, 32, and its 4 blocks stay until the lease (100 ms) runs out at 132.
+    prefill_side = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0),
+                       kv_lease_ms=100.0, first_token="prefill", prefill_hears_disconnect=False)
+    assert by_id(prefill_side, "generated_tokens") == {0: 1} and by_id(prefill_side, "first_token_ms") == {0: 32.0}
+    r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0), kv_lease_ms=100.0,
+            prefill_hears_disconnect=False)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert (row["aborted"], row["timed_out"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 32.0, 0)
+    assert r.metrics["transfer"]["aborted"]["prompt_done"] == 1
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 132.0)
     # the run ends at 32 for its requests, at 132 for the prefill cache: KV shares over 0-132
     assert r.metrics["makespan_ms"] == 32.0
     assert r.metrics["pools"]["prefill"]["kv_usage_mean"] == pytest.approx(4 / 16)
     assert r.metrics["kv_usage"]["mean"] == pytest.approx(4 / 32)
-    assert r.metrics["pools"]["prefill"]["busy_share"] == 1.0
     assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+    # a prompt still waiting for the prefill instance is not aborted there either: it runs to its end
+    late = run([Request(0, 0.0, 64, 3), Request(1, 0.0, 64, 3, timeout_ms=10.0)], pool(16, max_num_seqs=1),
+               pool(16), engine, kv_lease_ms=100.0, prefill_hears_disconnect=False)
+    assert by_id(late, "finish_ms")[1] == 64.0 and by_id(late, "aborted")[1] == 1
+    assert late.metrics["transfer"]["aborted"]["prompt_done"] == 1
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -1068,19 +1115,20 @@ def test_a_request_waiting_on_the_prefill_side_is_aborted_there_with_the_clients
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_request_dropped_while_waiting_for_decode_blocks_frees_the_prefill_kv_after_the_lease(engine):
+def test_a_request_dropped_while_waiting_for_decode_blocks_frees_the_prefill_kv_at_once(engine):
     # Both prompts prefill together, 0-64. The decode instance (7 blocks) pulls request 0 (4
     # blocks) at 64; request 1 needs 4 more and waits. Request 0 lands at 68.5 and decodes its 10
     # tokens 68.5-148.5. Request 1's client gives up at 100: the decode instance drops it
-    # at its next step boundary, 100.5, and the prefill side frees its 4 blocks when the lease
-    # (50 ms) runs out, at 150.5, having held them since 0.
+    # at its next step boundary, 100.5, and tells the prefill side, which frees its 4 blocks then,
+    # having held them since 0 (vLLM: request_finished queues an empty read whose notification
+    # frees them; review s81 aborts, finding 2: they waited out the 50 ms lease).
     reqs = [Request(0, 0.0, 64, 10), Request(1, 0.0, 64, 3, timeout_ms=100.0)]
     r = run(reqs, pool(16), pool(7), engine, kv_lease_ms=50.0)
     assert by_id(r, "aborted") == {0: 0, 1: 1}
     assert by_id(r, "finish_ms") == pytest.approx({0: 148.5, 1: 100.5})
     assert by_id(r, "instance")[1] == 1 and by_id(r, "kv_pulled_ms")[1] == -1.0
     assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 1, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
-    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 68.5 + 4 * 150.5)
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 68.5 + 4 * 100.5)
     assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
 
 
@@ -1133,17 +1181,18 @@ def test_a_client_that_leaves_during_a_decode_step_gets_nothing_from_that_step(e
 
 @SETTINGS
 @given(clusters(), st.integers(1, 160), st.sampled_from([0.0, 0.5, 2.0]), st.sampled_from([0.0, 8.0, 64.0]),
-       st.sampled_from(ENGINES))
+       st.sampled_from(ENGINES), st.booleans())
 def test_clients_that_give_up_on_disaggregated_pools_agree_between_engines_and_conserve(case, timeout, network,
-                                                                                       lease, engine):
+                                                                                       lease, engine, heard):
     """Aborts anywhere on the way -- prefill queue or batch, hand-over, decode queue, link, slot
-    wait, decode batch -- in both engines alike; every request once, every block back."""
+    wait, decode batch -- in both engines alike, behind a proxy that passes disconnects on to the
+    prefill pool or not; every request once, every block back."""
     requests, prefill, decode, n_prefill, n_decode, prefill_router, decode_router, link = case
     side = gives_up(float(timeout) + network, network)
     runs = [run_disaggregated(requests, prefill, decode, prefill_instances=n_prefill, decode_instances=n_decode,
                               prefill_router=prefill_router() if prefill_router else None,
                               decode_router=decode_router() if decode_router else None, engine=e,
-                              client_side=side, kv_lease_ms=lease, **link)
+                              client_side=side, kv_lease_ms=lease, prefill_hears_disconnect=heard, **link)
             for e in (engine, "reference" if engine == "fast" else "fast")]
     compare_runs(*runs, rel=1e-12)
     check_run(runs[0], requests)

@@ -44,7 +44,7 @@ class PrefillStage:
     fresh = ()  # (a decode instance's requests before their first token: DecodeStage.fresh)
     alone = 0
     #: an abort during a step does not drop its output here: a prompt completed by the step of an
-    #: abort is aborted at its hand-off (:meth:`hand_off`), its blocks kept for the lease
+    #: abort is aborted at its hand-off (:meth:`hand_off`)
     drops_output_in_step = False
 
     def has_work(self) -> bool:
@@ -71,8 +71,10 @@ class PrefillStage:
         """The prompt is done (and a token sampled): pass the request to the decode pool (True);
         with ``first_token = "prefill"`` let it finish here when that token was all it asked for
         (False). With ``"decode"`` the proxy discards that token: the decode instance samples the
-        client's first. A client that left while the prompt ran is not served on: aborted, its
-        blocks kept for their lease (True)."""
+        client's first. A client that left while the prompt ran is not served on (True): the
+        prefill instance heard of it during the step -- aborted then, before the step's output,
+        its blocks freed at once -- or, with a proxy that does not pass disconnects on, the proxy
+        drops the completed prompt, whose blocks wait out their lease (rule 4)."""
         tr = seq.transfer
         request = tr.request
         on_prefill = self.cluster.first_token == "prefill"
@@ -85,11 +87,16 @@ class PrefillStage:
             seq._generated = 0
             seq.first_token_ms = seq.last_token_ms = -1.0
         if request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) < t:
+            heard = self.cluster.prefill_hears_disconnect
+            if heard and on_prefill:  # the step's token is never sent
+                inst.counters["generated_tokens"] -= 1
+                seq._generated = 0
+                seq.first_token_ms = seq.last_token_ms = -1.0
             seq.request = request
             seq.status = ABORTED
             inst.rec.request_done(seq, inst.index, t, aborted=True)
             self.held += 1
-            self.release_at(t + self.cluster.kv_lease_ms, tr)
+            self.release_at(t if heard else t + self.cluster.kv_lease_ms, tr)
             return True
         self.held += 1
         self.cluster.handed_off(tr)
@@ -163,9 +170,9 @@ class DecodeStage:
         if seq.status != TRANSFERRING:
             return False
         tr = seq.transfer
-        if tr.pulled_ms < 0:  # not pulled: the prefill side's blocks wait out their lease
+        if tr.pulled_ms < 0:  # not pulled: the prefill side is told to free its blocks
             self.pull_queue.remove(tr)
-            self.cluster.schedule_release(tr, now + self.cluster.kv_lease_ms)
+            self.cluster.schedule_release(tr, now)
         elif tr in self.landed:
             self.landed.remove(tr)
             inst.kv.free(seq)
@@ -292,7 +299,7 @@ class DisaggregatedCluster:
 
     def __init__(self, prefill: Seq[Instance], decode: Seq[Instance], *, prefill_router=None, decode_router=None,
                  bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS, scaling=None,
-                 first_token: str = "decode"):
+                 first_token: str = "decode", prefill_hears_disconnect: bool = True):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         if first_token not in FIRST_TOKEN:
@@ -304,6 +311,7 @@ class DisaggregatedCluster:
         self.prefill_router = prefill_router
         self.decode_router = decode_router
         self.kv_lease_ms = kv_lease_ms
+        self.prefill_hears_disconnect = prefill_hears_disconnect
         self._handoffs: list = []  # (ready time, seq_no, transfer), not yet routed
         #: prefill instances given a release time since the driver last looked (it re-reads
         #: their next event: schedlab.engine.driver.simulate_disaggregated)
@@ -356,7 +364,7 @@ class DisaggregatedCluster:
         # vLLM's P/D proxy: the prefill instance serves the prompt with max_tokens = 1, its limits
         # (max_model_len) bounding the prompt only; the decode instance serves the client's request
         # as its own limits cut it (review specdisagg, findings 2 and 3)
-        first = prefill_request(request)
+        first = prefill_request(request, self.prefill_hears_disconnect)
         if target.limit_request is not None:
             first = target.limit_request(first, target.kv)
         reason = pool_reason("prefill", target._rejection_reason(first, target.kv))

@@ -343,10 +343,15 @@ class PrefillRole:
             seq.num_generated = 0
             seq.token_times = []
         if tr.request.timeout_ms is not None and abort_heard_ms(tr.request, inst.hangup_ms) < t:
+            heard = self.cluster.prefill_hears_disconnect  # (else the proxy drops it: the KV waits out its lease)
+            if heard and on_prefill:  # aborted during its last step, before the step's output: no token
+                inst.counters["generated_tokens"] -= 1
+                seq.num_generated = 0
+                seq.token_times = []
             seq.request = tr.request  # its client left while the prompt ran: not passed on
             seq.status = "aborted"
             inst.rec.request_done(seq, inst.index, t, aborted=True)
-            self.releases.append((t + self.cluster.kv_lease_ms, tr.seq_no, tr))  # the KV waits out its lease
+            self.releases.append((t if heard else t + self.cluster.kv_lease_ms, tr.seq_no, tr))
             self.held += 1
             return True
         self.held += 1
@@ -415,7 +420,7 @@ class DecodeRole:
         if tr in self.waiting_for_kv:
             self.waiting_for_kv.remove(tr)
             prefill = self.cluster.by_index[tr.prefill_index]
-            prefill.role.releases.append((inst.now + self.cluster.kv_lease_ms, tr.seq_no, tr))
+            prefill.role.releases.append((inst.now, tr.seq_no, tr))  # (the decode side tells it: freed at once)
         elif tr in self.landed:
             self.landed.remove(tr)
             inst.kv.free(seq)
@@ -498,7 +503,8 @@ class DisaggregatedReference(ReferenceCluster):
 
     def __init__(self, prefill: Sequence[ReferenceEngine], decode: Sequence[ReferenceEngine], *,
                  prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float,
-                 kv_lease_ms: float = KV_LEASE_MS, client_side=None, scaling=None, first_token: str = "decode"):
+                 kv_lease_ms: float = KV_LEASE_MS, client_side=None, scaling=None, first_token: str = "decode",
+                 prefill_hears_disconnect: bool = True):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         if first_token not in FIRST_TOKEN:
@@ -512,6 +518,7 @@ class DisaggregatedReference(ReferenceCluster):
         self.decode = list(decode)
         self.decode_router = decode_router
         self.kv_lease_ms = kv_lease_ms
+        self.prefill_hears_disconnect = prefill_hears_disconnect
         self.by_index = {inst.index: inst for inst in self.instances}
         self.pool_scaling = scaling
         self.clock = scaling.clock if scaling is not None else RoutingClock()
@@ -550,7 +557,7 @@ class DisaggregatedReference(ReferenceCluster):
         inst.wake(t)
         # (the prefill instance serves the prompt with max_tokens = 1 as its limits cut it; the decode
         # instance the client's request as its own cut it: vLLM's P/D proxy)
-        first = prefill_request(request)
+        first = prefill_request(request, self.prefill_hears_disconnect)
         if inst.limit_request is not None:
             first = inst.limit_request(first, inst.kv)
         decode0 = self.decode[0]

@@ -55,13 +55,18 @@ comes from is a setting (``[cluster] first_token``, :data:`FIRST_TOKEN`):
    ``network_ms`` after its deadline by the instance that holds its request, at that
    instance's next iteration boundary (vLLM's engine core reads aborts between steps; the
    router in front passes the disconnect on). On the prefill instance the request is aborted
-   as on any instance. A prompt completed after the client left is not passed on, and its
-   blocks stay until the lease NixlConnector gave them runs out (``kv_lease_ms``: vLLM's
-   ``kv_lease_duration``, 30 s, renewed by the decode side's heartbeats only for requests it
-   holds; ``nixl/base_scheduler.py``, ``request_finished``). On the decode instance a request
-   still waiting for blocks is dropped, and the prefill side frees its blocks when their lease
-   runs out; one being pulled keeps its blocks here until the transfer lands, and they are
-   freed then (vLLM frees a finished request's blocks when its ``finished_recving`` comes in:
+   as on any instance; one whose client left during its last step is aborted after that step,
+   before its output (no token), and its blocks are freed then: NixlConnector's
+   ``request_finished`` keeps a prompt's blocks for the decode side only when it finished
+   ``FINISHED_LENGTH_CAPPED`` (``nixl/pull_scheduler.py``; an aborted one is freed at once). On
+   the decode instance a request still waiting for blocks is dropped, and the prefill side is
+   told to free its blocks, at once (vLLM's ``request_finished`` queues an empty read whose
+   notification frees them). Behind a proxy that does not pass the disconnect on
+   (``prefill_hears_disconnect = False``) the prefill instance computes every prompt to its end;
+   the proxy drops one whose client has left, and its blocks stay until the lease NixlConnector
+   gave them runs out (``kv_lease_ms``: vLLM's ``kv_lease_duration``, 30 s, renewed by the decode
+   side's heartbeats only for requests it holds). On the decode instance, one being pulled
+   keeps its blocks here until the transfer lands, and they are freed then (vLLM frees a finished request's blocks when its ``finished_recving`` comes in:
    ``scheduler.py``, ``_update_from_kv_xfer_finished``); one landed and not yet running frees
    them at once; a running one is aborted as on any instance. The decode side's scheduler,
    which never held a request before it ran, is not told of the first three. Aborts are read
@@ -283,9 +288,13 @@ def first_step_done(seq, spec) -> bool:
     return spec is None
 
 
-def prefill_request(request):
+def prefill_request(request, hears_disconnect: bool = True):
     """The request as the prefill pool sees it: the same prompt, one token to generate
-    (vLLM's P/D proxy sends the prefill instance ``max_tokens = 1``)."""
+    (vLLM's P/D proxy sends the prefill instance ``max_tokens = 1``); with a proxy that does not
+    pass a client's disconnect on (``hears_disconnect`` False), no timeout: the prefill instance
+    never aborts it (rule 4)."""
+    if not hears_disconnect and request.timeout_ms is not None:
+        request = attrs.evolve(request, timeout_ms=None)
     if request.target_tokens == 1 and request.max_output_tokens == 1:
         return request
     return attrs.evolve(request, output_tokens=1, max_tokens=1)

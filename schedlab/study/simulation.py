@@ -69,6 +69,14 @@ CLUSTER_MODES = ("colocated", "disaggregated")
 POOLS = ("prefill", "decode")
 
 
+def optional_bool_field(*, help: str):
+    """A true/false setting that may be left unset (None)."""
+    def check(_inst, attribute, value):
+        if value is not None and not isinstance(value, bool):
+            raise FieldError(attribute.name, f"must be true or false, got {value!r}")
+    return attrs.field(default=None, validator=check, metadata={"help": help})
+
+
 @attrs.frozen
 class ClusterConfig:
     mode: str = str_field("colocated", choices=CLUSTER_MODES,
@@ -93,6 +101,10 @@ class ClusterConfig:
              "proxy: the prefill instance's token is discarded, the decode instance recomputes the last prompt token "
              "and samples it; one-token answers go to the decode pool too) or 'prefill' (DistServe: the decode "
              "instance continues from the second token; one-token answers finish on the prefill instance)")
+    prefill_hears_disconnect: bool | None = optional_bool_field(
+        help="disaggregated: the P/D proxy passes a client's disconnect on to the prefill instance (true, the "
+             "default: it aborts the prompt, its KV freed at once) or not (false: the prompt runs to its end, the "
+             "proxy drops it and its KV waits out [cluster.link] kv_lease_ms)")
     # Data, expert and pipeline parallelism (schedlab.parallelism): handed to the plugins'
     # factories, so the KV cache and the cost model follow the same layout.
     data_parallel: int = int_field(1, min=1, max=MAX_INSTANCES,
@@ -139,9 +151,10 @@ class ClusterConfig:
             for name in ("prefill", "decode", "link"):
                 if getattr(self, name) is not None:
                     raise FieldError(name, "only a cluster with mode = 'disaggregated' has pools and links")
-            if self.first_token is not None:
-                raise FieldError("first_token", "only a cluster with mode = 'disaggregated' hands its requests from a "
-                                                "prefill pool to a decode pool")
+            for name in ("first_token", "prefill_hears_disconnect"):
+                if getattr(self, name) is not None:
+                    raise FieldError(name, "only a cluster with mode = 'disaggregated' hands its requests from a "
+                                           "prefill pool to a decode pool")
         elif self.parallelism != SINGLE:
             raise FieldError("data_parallel" if self.data_parallel > 1 else "pipeline_parallel",
                              "a disaggregated cluster with data or pipeline parallelism is not modelled")
@@ -188,8 +201,10 @@ class LinkConfig:
     latency_us: float = float_field(10.0, min=0.0, max=1e8,
                                     help="fixed time of one transfer, us (at most 1e8: 100 s)")
     kv_lease_ms: float = float_field(KV_LEASE_MS, min=0.0,
-                                     help="how long a prefill instance keeps the KV of a prompt whose client gave up "
-                                          "before it was pulled, ms (vLLM NixlConnector's kv_lease_duration: 30 s)")
+                                     help="how long a prefill instance keeps the KV of a prompt the proxy dropped "
+                                          "when its client gave up and no decode instance heard of it, ms (vLLM "
+                                          "NixlConnector's kv_lease_duration: 30 s; [cluster] "
+                                          "prefill_hears_disconnect = false)")
 
 
 @attrs.frozen
@@ -1579,7 +1594,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         elif a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3,
-                        kv_lease_ms=a.link.kv_lease_ms, first_token=a.cluster.first_token or FIRST_TOKEN[0])
+                        kv_lease_ms=a.link.kv_lease_ms, first_token=a.cluster.first_token or FIRST_TOKEN[0],
+                        prefill_hears_disconnect=a.cluster.prefill_hears_disconnect is not False)
             scaling = _pool_scaling(a, engines[:split], engines[split:], meters)
             if scaling is not None:
                 recorder.listener = scaling.finished

@@ -293,7 +293,8 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
                       engine: str = "fast", workload=None, name: str = "test",
                       power: Callable | None = None, client_side=None, kv_lease_ms: float | None = None,
                       autoscalers: dict | None = None, limits: dict | None = None,
-                      slo: dict | None = None, first_token: str = "decode") -> RunResult:
+                      slo: dict | None = None, first_token: str = "decode",
+                      prefill_hears_disconnect: bool = True) -> RunResult:
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
@@ -305,7 +306,9 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     as in :mod:`schedlab.frontend` and :mod:`schedlab.engine.transfer`. ``autoscalers`` (pool
     name -> policy object) with ``limits`` (pool name -> :class:`~schedlab.engine.scaling.ScalingLimits`)
     scale those pools (``meta["scaling"]``, judged against ``slo``; energy from 0). ``first_token``:
-    the pool that samples the client's first token (``[cluster] first_token``, :mod:`schedlab.engine.transfer`).
+    the pool that samples the client's first token (``[cluster] first_token``, :mod:`schedlab.engine.transfer`);
+    ``prefill_hears_disconnect``: whether the proxy passes a client's disconnect on to the prefill pool
+    (``[cluster] prefill_hears_disconnect``, rule 4 there).
     """
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
@@ -324,7 +327,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
         engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
     p, d = engines[:prefill_instances], engines[prefill_instances:]
     link = dict(prefill_router=prefill_router, decode_router=decode_router, bandwidth_gbps=bandwidth_gbps,
-                latency_ms=latency_ms, first_token=first_token)
+                latency_ms=latency_ms, first_token=first_token, prefill_hears_disconnect=prefill_hears_disconnect)
     if kv_lease_ms is not None:
         link["kv_lease_ms"] = kv_lease_ms
     scaling = None
