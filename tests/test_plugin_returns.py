@@ -321,3 +321,39 @@ def test_an_iteration_time_that_does_not_move_the_clock(plugin, capsys, engine):
                               "for Batch("), message
     assert message.endswith("which does not advance the simulated clock at t=67.9932 ms (below its resolution "
                             "there); iterations must take a time the clock can count"), message
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_cost_model_answering_in_float32_keeps_the_clock_in_float64(engine):
+    """A cost model may return numpy's float32 (profile tables held as float32 arrays): the engines
+    take it as a float. Kept as float32, ``now + duration`` was float32 and the clock fell to its
+    precision -- 0.25 ms at an hour (review s81 plugin, finding 1: TPOT 7.25 ms instead of 7.31).
+    Steps of 7.3125 ms and prompts at 0.0625 ms a token are exact in both types, so the runs must
+    agree exactly; the increment promised for decode runs is read as a float too."""
+    import numpy as np
+
+    from schedlab.model import Request
+    from schedlab.testing import run_engine
+    from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+    class Exact:
+        def iteration_ms(self, batch):
+            return 7.3125 + 0.0625 * batch.prefill_tokens
+
+        def decode_step_increment(self, batch):
+            return 0.0
+
+    class Single(Exact):
+        def iteration_ms(self, batch):
+            return np.float32(super().iteration_ms(batch))
+
+        def decode_step_increment(self, batch):
+            return np.float32(0.0)
+
+    requests = [Request(i, i * 2000.0, 100, 200) for i in range(1800)]  # to 3.6e6 ms
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=8)), cost(), engine=engine)
+            for cost in (Exact, Single)]
+    assert runs[1].requests["finish_ms"].tolist() == runs[0].requests["finish_ms"].tolist()
+    assert runs[0].requests["finish_ms"][-1] == 1799 * 2000.0 + 6.25 + 7.3125 + 199 * 7.3125
+    assert runs[1].metrics["tpot_ms"]["p50"] == 7.3125
+    assert type(runs[1].metrics["busy_share"]) is float

@@ -32,7 +32,8 @@ def check_iteration_end(start: float, duration: float, what) -> None:
 
 
 def check_iteration_ms(duration: float, batch, method: str | None = None) -> float:
-    """``duration``, the cost model's time for ``batch``, if it is a positive and finite number; else
+    """``duration``, the cost model's time for ``batch``, if it is a positive and finite number (as a
+    Python float when it is another real type: numpy's float32, a Fraction); else
     :class:`SimulationError` naming the batch (both engines: a plugin's zero, negative, NaN or
     infinite time would stall the clock or break causality far from its cause, and its text,
     None or tuple fail in schedlab's arithmetic). ``method``: the cost model's method that gave
@@ -45,16 +46,17 @@ def check_iteration_ms(duration: float, batch, method: str | None = None) -> flo
             f"{_who(method)} returned {duration!r} ({type(duration).__name__}) ms for {batch}; iterations must take "
             "a positive, finite time (a number)")
     elif 0.0 < duration < math.inf:  # (another real number: numpy's float32, a Fraction)
-        return duration
+        return float(duration)  # (a float32 would drag the clock down to its precision: review s81 plugin, 1)
     raise SimulationError(
         f"{_who(method)} returned {duration!r} ms for {batch}; iterations must take a positive, finite time")
 
 
 def check_part_ms(duration, batch, method: str) -> float:
     """``duration`` if it is a finite number >= 0 (a part of a step that may take no time: the
-    activations' send, the routed experts' layers on no token); else :class:`SimulationError`."""
+    activations' send, the routed experts' layers on no token), a Python float when it is another
+    real type; else :class:`SimulationError`."""
     if _real(duration) and 0.0 <= duration < math.inf:
-        return duration
+        return duration if isinstance(duration, (float, int)) else float(duration)
     raise SimulationError(f"{_who(method)} returned {duration!r} ({type(duration).__name__}) ms for {batch}; "
                           "it must be a finite number >= 0")
 
@@ -101,9 +103,9 @@ def check_step_increment(inc, batch):
     if type(inc) is tuple:
         if len(inc) == 2 and _real(inc[0]) and math.isfinite(inc[0]) and isinstance(inc[1], numbers.Integral) \
                 and not isinstance(inc[1], bool) and inc[1] >= 1:
-            return inc
+            return float(inc[0]), int(inc[1])
     elif _real(inc) and math.isfinite(inc):
-        return inc
+        return float(inc)
     raise SimulationError(
         f"cost model's decode_step_increment returned {inc!r} for {batch}; it must return None, a finite number "
         "(ms each further identical decode step adds) or (that number, steps >= 1 it holds for)")
