@@ -28,6 +28,7 @@ import re
 import sys
 import traceback
 import types
+import weakref
 import warnings
 from typing import Iterable
 
@@ -433,9 +434,27 @@ class Catalog:
     #: providers (as :class:`~schedlab.registry.Entry` names them) of the modules an experiment
     #: lists in ``plugins = [...]``, installed plugins aside (``schedlab plugins FILE`` marks them)
     listed: tuple[str, ...] = ()
+    #: the entry each plugin object was built from (weakly held: for an error's message, which
+    #: then names the registered name the run used, not a base class registered under another)
+    built: weakref.WeakKeyDictionary = attrs.field(factory=weakref.WeakKeyDictionary)
 
     def __getitem__(self, kind: str) -> Registry:
         return self.registries[kind]
+
+    def note_built(self, obj: object, entry) -> None:
+        """Remember that ``entry``'s factory made ``obj`` (objects that take no weak reference --
+        ``__slots__`` without ``__weakref__`` -- are not remembered: errors then go by class)."""
+        try:
+            self.built[obj] = entry
+        except TypeError:
+            pass
+
+    def entry_of(self, obj: object):
+        """The entry ``obj`` was built from, if it was noted (:meth:`note_built`), else None."""
+        try:
+            return self.built.get(obj)
+        except TypeError:
+            return None
 
     @property
     def hook(self):

@@ -141,7 +141,7 @@ def _plugin_error(exc: BaseException, catalog, where: str | None) -> PluginError
         text = "(its message could not be shown)"
     if isinstance(exc, SystemExit):
         text = f"sys.exit({text})" if text else "sys.exit()"
-    what = f"{_culprit([frame for frame, _ in frames], entries)} raised {type(exc).__name__}" + \
+    what = f"{_culprit([frame for frame, _ in frames], entries, catalog)} raised {type(exc).__name__}" + \
         (f": {text}" if text else "")
     message = f"{what} ({_place(inner, line)}; {TRACEBACK_ENV}=1 prints the traceback)"
     if isinstance(exc, MemoryError):
@@ -165,7 +165,8 @@ def raised_by_plugin(exc: SchedlabError, catalog) -> SchedlabError:
     frames = list(traceback.walk_tb(exc.__traceback__))
     if not frames or _package_of(frames[-1][0].f_globals.get("__name__")) not in packages:
         return exc
-    who = _culprit([frame for frame, _ in frames if _package_of(frame.f_globals.get("__name__")) in packages], entries)
+    who = _culprit([frame for frame, _ in frames if _package_of(frame.f_globals.get("__name__")) in packages], entries,
+                   catalog)
     try:
         return type(exc)(f"{who}: {exc}")
     except TypeError:  # (a plugin's error class with another constructor)
@@ -207,27 +208,32 @@ def _builtin_packages(entries) -> set[str]:
             if entry.provider.endswith(" (built-in)")} - {None}
 
 
-def _culprit(frames, entries) -> str:
+def _culprit(frames, entries, catalog=None) -> str:
     """Who raised, from the plugin ``frames`` outermost first: the innermost one that is a registered
     plugin's own (a method of an object its factory made, its factory, a hook) -- a built-in
     scheduler calling a third-party KV cache whose ``num_free_blocks()`` returned None is not to
     blame -- else, as before, the registered name the outermost frame belongs to."""
     for frame in reversed(frames):
-        who = _own(frame, entries)
+        who = _own(frame, entries, catalog)
         if who is not None:
             return who
     return _module_owner(frames[0], entries)
 
 
-def _own(frame, entries) -> str | None:
-    """The registered name (or hook) ``frame`` is a method or the factory of, or None."""
+def _own(frame, entries, catalog=None) -> str | None:
+    """The registered name (or hook) ``frame`` is a method or the factory of, or None: for a
+    method, the name the object was built from (``catalog.entry_of``), else the first class of its
+    class's MRO registered itself -- a subclass a factory function builds is not, so its base
+    class's name would be blamed (review s81 plugin, finding 2) when it is not known what built it."""
     module = frame.f_globals.get("__name__")
     code = frame.f_code
     if code.co_name.startswith("schedlab_"):  # a hook implementation
         return f"plugin {module}'s hook {code.co_name}"
     entry = None
     this = frame.f_locals.get("self")
-    if this is not None:
+    if this is not None and catalog is not None and hasattr(catalog, "entry_of"):
+        entry = catalog.entry_of(this)
+    if this is not None and entry is None:
         for cls in type(this).__mro__:
             entry = next((e for e in entries if e.factory is cls), None)
             if entry is not None:

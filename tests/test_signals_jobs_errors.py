@@ -489,3 +489,42 @@ def test_a_signal_while_the_command_loads_ends_it_in_one_line(sig, said, status)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (status, f"schedlab: {said} while starting; nothing was written\n")
+
+
+SUBCLASS_PLUGIN = '''
+import schedlab
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+
+class Mine(ContinuousScheduler):
+    def schedule(self, plan):
+        raise ValueError("mine")
+
+
+def build_mine(config):
+    return Mine(config)
+
+
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("mine", build_mine, config=ContinuousConfig)
+'''
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_subclass_a_factory_function_builds_is_blamed_by_its_own_name(tmp_path, capsys, monkeypatch, jobs):
+    """A plugin subclassing a built-in scheduler, registered through a factory function (as the
+    README's plugins are): its error named the built-in 'continuous', the first registered class
+    of its MRO (review s81 plugin, finding 2). The run's catalog says what built the object."""
+    (tmp_path / "sub_plugin_xyz.py").write_text(SUBCLASS_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SCHEDLAB_TRACEBACK", raising=False)
+    try:
+        exp = experiment(tmp_path, FIFO.replace("boom_plugin_xyz", "sub_plugin_xyz")
+                         .replace('kind = "boomer"', 'kind = "mine"'), "exp.toml")
+        assert main(["run", str(exp), "--no-plots", "--out", str(tmp_path / "out"), "-j", jobs]) == 2
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert "scheduler 'mine' (plugin sub_plugin_xyz) raised ValueError: mine (sub_plugin_xyz.py:8 in " \
+            "Mine.schedule;" in last, last
+    finally:
+        sys.modules.pop("sub_plugin_xyz", None)

@@ -86,11 +86,12 @@ def run_task(task: RunTask, context: Context | None = None, observer: Callable |
     :class:`~schedlab.study.tasks.TaskFailure` holding a :class:`~schedlab.errors.PluginError` (worked
     out here, where the traceback is: a worker's does not travel). Any other exception (a bug
     in schedlab itself) is raised as it is."""
+    built: list = []
     try:
-        return execute(task, context, observer)
+        return execute(task, context, observer, built)
     except PLUGIN_RAISES as exc:  # (a plugin's sys.exit() is its error, not ours)
         try:
-            catalog = (context if context is not None else task.context.build()).catalog
+            catalog = (context if context is not None else built[0] if built else task.context.build()).catalog
         except Exception:  # (it built a moment ago; if not now, there is nothing to go by)
             raise exc from None
         error = plugin_error(exc, catalog, f"{task.context.source}: run {task.spec.name!r}")

@@ -494,6 +494,7 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
     entry, config = component_config(ctx, kind, table, where)
     try:
         obj = _call_factory(entry.factory, config, ctx.presets, entry=entry, parallelism=parallelism, **extra)
+        ctx.catalog.note_built(obj, entry)
         check_protocol(entry, obj)
         if kind == "kv_cache" and not isinstance(entry.factory, type):  # (a class was checked when registered)
             _warn_allocate_past_grow(entry, obj, ctx.source)

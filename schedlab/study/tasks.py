@@ -69,9 +69,11 @@ class TaskFailure:
     error: SchedlabError
 
 
-def execute(task: RunTask, context: Context | None = None, observer: Callable | None = None) -> RunResult | TaskFailure:
+def execute(task: RunTask, context: Context | None = None, observer: Callable | None = None,
+            built: list | None = None) -> RunResult | TaskFailure:
     """Simulate ``task``; ``context`` skips the rebuild (in-process runs, which may observe
-    iterations through ``observer``)."""
+    iterations through ``observer``); the context the run used is appended to ``built`` (a
+    plugin's error is then told by the catalog that built the plugin's objects)."""
     try:
         with warnings.catch_warnings(record=True) as said:
             # every run's own, whatever ran before in this process (the rest as Python's filters say)
@@ -80,6 +82,8 @@ def execute(task: RunTask, context: Context | None = None, observer: Callable | 
             warnings.simplefilter("ignore", InputWarning)  # (an input's assumption: said where the experiment loaded)
             warnings.simplefilter("ignore", PluginConfigWarning)  # (a plugin's registration or build: said there too)
             ctx = context if context is not None else task.context.build()
+            if built is not None:
+                built.append(ctx)
             result = run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
     except SchedlabError as exc:
         return TaskFailure(exc)
