@@ -61,7 +61,9 @@ def check_kv_released(instances) -> None:
             why = ("its free() released more than allocate() took (blocks freed twice?)" if used < 0
                    else "its free() did not release every block allocate() took (a leak)")
             raise SimulationError(f"KV cache {type(kv).__name__} reports {used} used blocks of {kv.num_blocks} once "
-                                  f"every request has left the run: {why}")
+                                  f"every request has left the run: {why}; or the scheduler wrote a sequence's "
+                                  "read-only fields (num_computed_tokens, reserved_tokens, ...), which the plan's "
+                                  "actions keep")
 
 
 def _whole_answer_hint(waiting, kv) -> str:
