@@ -1087,3 +1087,30 @@ def test_a_cache_that_overrides_allocate_but_inherits_grow_is_warned_about(plugi
                       "inherits grow() and allocate_decodes() from a built-in cache, through which the fast engine "
                       "takes decode steps' blocks: your allocate() is not called for them there; override those too, "
                       "or set grow = allocate_decodes = None"], err
+
+
+class ForgetsTheIncrement:
+    """300 W while busy, whose run_j forgets that a decode run's steps grow (``inc``)."""
+    idle_w, standby_w, standby_ms, pue = 50.0, 100.0, 1000.0, 1.0
+
+    def iteration_j(self, batch, duration_ms):
+        return 0.3 * duration_ms
+
+    def run_j(self, batch, k, d0, inc):
+        return 0.3 * k * d0
+
+
+def test_a_power_models_wrong_run_j_is_named_by_the_engines_difference():
+    """The fast engine reads a decode run's energy from ``run_j``, the reference engine sums its
+    iterations: the times agree and the energy does not -- the hint named the scheduler's and the
+    cost model's promises only (review s81 plugin, finding 4)."""
+    from schedlab.testing import compare_runs, run_engine
+    from schedlab_plugins.cost_models import LinearConfig
+
+    requests = [Request(id=i, arrival_ms=5.0 * i, prompt_tokens=20, output_tokens=30) for i in range(4)]
+    cost = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=8.0, per_context_token_ms=0.015625)
+    fast, ref = (run_engine(requests, ContinuousScheduler(), LinearCostModel(cost), engine=engine,
+                            power=lambda _cost: ForgetsTheIncrement()) for engine in ENGINES)
+    assert fast.requests["finish_ms"].tolist() == ref.requests["finish_ms"].tolist()
+    with pytest.raises(AssertionError, match=r"energy_j[\s\S]*power model's run_j"):
+        compare_runs(fast, ref)

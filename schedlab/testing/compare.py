@@ -23,8 +23,10 @@ hint: between the fast and the reference engine, a difference usually means that
   takes on trust does not hold: a scheduler's stable_between_events (its plan changes only at an arrival, a
   finish or a time it gave plan.wake_at / wake_after; holding a request back until some time without wake_at
   breaks it), or a cost model's decode_step_increment (what iteration_ms adds for each further decode-only
-  step: compare the two). Between two runs on the same engine (or if check_deterministic fails too): a plugin
-  keeps state across instances (a class attribute, a module global) or draws unseeded random numbers."""
+  step: compare the two); with the times equal and only energy apart (energy_j, power), a power model's run_j
+  (a decode run's energy in closed form: check_power_model compares it with its iterations'). Between two runs
+  on the same engine (or if check_deterministic fails too): a plugin keeps state across instances (a class
+  attribute, a module global) or draws unseeded random numbers."""
 
 
 def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9, labels: tuple[str, str] | None = None) -> None:
