@@ -78,17 +78,19 @@ def test_a_warm_up_of_two_leaves_the_wave_out_of_the_percentiles_attainment_and_
     assert m["ttft_ms"]["p99"] == pytest.approx(39.7)
     assert m["client"]["ttft_ms"]["p99"] == pytest.approx(39.7)  # (no front end: the client's view is the engine's)
     assert m["slo"]["attainment"] == 0.75 and m["slo"]["met"] == 3  # r2, r3, r4 of 4
-    # the measured window: r2's arrival (200) to r5's finish (590), 0.39 s. In it the engine made
-    # r2-r5's 11 tokens, r0's at 200, 300, 400, 500 and r1's at 250, 350: 17; and completed all 6
+    # the measured window: r2's arrival (200) to r5's finish (590), 0.39 s, open at its start. In it
+    # the engine made r2-r5's 11 tokens, r0's at 300, 400, 500 (its token at 200, the instant the
+    # window opens, was made before it: review s81 fleet, finding 1) and r1's at 250, 350: 16; and
+    # completed all 6
     assert m["warmup"] == {"requests": 2, "measured": 4, "measured_finished": 4, "measured_window_ms": 390.0}
-    assert m["throughput_tps"] == pytest.approx(17 / 0.39)
+    assert m["throughput_tps"] == pytest.approx(16 / 0.39)
     assert m["request_throughput_rps"] == pytest.approx(6 / 0.39)
     assert m["slo"]["goodput_rps"] == pytest.approx(3 / 0.39)    # r2, r3, r4 completed in it within 35 ms
-    # per class, likewise: a = r0, r2, r4 (4 + 3 + 3 tokens in the window; r2, r4 measured, both met);
+    # per class, likewise: a = r0, r2, r4 (3 + 3 + 3 tokens in the window; r2, r4 measured, both met);
     # b = r1, r3, r5 (2 + 3 + 2; r3 met, r5 not)
     a, b = m["per_class"]["a"], m["per_class"]["b"]
     assert (a["ttft_ms"]["max"], b["ttft_ms"]["max"]) == (30.0, 40.0)
-    assert a["throughput_tps"] == pytest.approx(10 / 0.39) and b["throughput_tps"] == pytest.approx(7 / 0.39)
+    assert a["throughput_tps"] == pytest.approx(9 / 0.39) and b["throughput_tps"] == pytest.approx(7 / 0.39)
     assert (a["slo"]["attainment"], b["slo"]["attainment"]) == (1.0, 0.5)
     # the counts stay the whole run's
     for key in ("requests", "finished", "generated_tokens", "makespan_ms"):
@@ -97,6 +99,20 @@ def test_a_warm_up_of_two_leaves_the_wave_out_of_the_percentiles_attainment_and_
     # the names a search's constraint or a report may give them
     assert set(m["warmup"]) == set(METRICS["warmup"])
     assert check_metric_name("warmup.measured_finished") == "warmup.measured_finished"
+
+
+def test_a_warm_up_request_finishing_as_the_window_opens_is_not_in_its_rates():
+    """One slot, 10 ms a request, one every 10 ms: the server does exactly 100 requests and tokens
+    a second. With a warm-up of 2 the window is r2's arrival (20) to r9's finish (100): r2-r9 in
+    it, 8 in 80 ms. r1 finishes at 20, as the window opens: counted, it read 112.5 (review s81
+    fleet, finding 1)."""
+    n = 10
+    req = _rows([10.0 * i for i in range(n)], [10.0 * (i + 1) for i in range(n)],
+                [10.0 * (i + 1) for i in range(n)], [1] * n)
+    m = compute_metrics(req, COUNTERS, ITL, {"num_blocks": 10, "warmup": 2})
+    assert m["warmup"]["measured_window_ms"] == 80.0
+    assert m["request_throughput_rps"] == pytest.approx(100.0)
+    assert m["throughput_tps"] == pytest.approx(100.0)
 
 
 def test_the_warm_up_is_the_first_requests_sent_by_count_or_share():

@@ -235,27 +235,30 @@ def _measured_window(req: dict[str, np.ndarray], measured: np.ndarray) -> tuple[
 
 
 def _in_window(req: dict[str, np.ndarray], window: tuple[float, float]) -> tuple[int, np.ndarray]:
-    """What the engine did for ``req``'s completed requests within ``window``: the output tokens
-    it generated then (every token of a request wholly inside; of one that straddles an end -- a
-    warm-up request still running when the window opens, or finishing after it closes -- those
-    that fall inside, its tokens taken as evenly spaced from its first to its finish, as the rows
-    keep no token's time), and which requests it completed then."""
+    """What the engine did for ``req``'s completed requests within ``window``, open at its start
+    and closed at its end (``(start, end]``: what finishes at the instant the window opens -- in a
+    closed loop, the request whose finish sends the first measured one -- was done before it;
+    review s81 fleet, finding 1): the output tokens it generated then (every token of a request
+    wholly inside; of one that straddles an end -- a warm-up request still running when the window
+    opens, or finishing after it closes -- those that fall inside, its tokens taken as evenly
+    spaced from its first to its finish, as the rows keep no token's time), and which requests it
+    completed then."""
     start, end = window
     ok = completed(req)
     first, finish = req["first_token_ms"][ok], req["finish_ms"][ok]
     generated = req["generated_tokens"][ok].astype(np.int64)
-    inside = (first >= start) & (finish <= end)
-    straddles = ~inside & (finish >= start) & (first <= end)
+    inside = (first > start) & (finish <= end)
+    straddles = ~inside & (finish > start) & (first <= end)
     tokens = int(generated[inside].sum())
     if straddles.any():
         f, g = first[straddles], generated[straddles]
         step = np.where(g > 1, (finish[straddles] - f) / np.maximum(g - 1, 1), 0.0)
         safe = np.where(step > 0, step, 1.0)
-        lo = np.where(step > 0, np.ceil((start - f) / safe), np.where(f >= start, 0, g))
+        lo = np.where(step > 0, np.floor((start - f) / safe) + 1, np.where(f > start, 0, g))
         hi = np.where(step > 0, np.floor((end - f) / safe), np.where(f <= end, g - 1, -1))
         tokens += int(np.maximum(np.minimum(hi, g - 1) - np.maximum(lo, 0) + 1, 0).sum())
     done = np.zeros(req["id"].size, dtype=bool)
-    done[np.flatnonzero(ok)[(finish >= start) & (finish <= end)]] = True
+    done[np.flatnonzero(ok)[(finish > start) & (finish <= end)]] = True
     return tokens, done
 
 
