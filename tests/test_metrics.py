@@ -213,3 +213,28 @@ def test_a_run_whose_every_request_was_turned_away_serves_0_per_second(tmp_path)
     assert m["slo"]["attainment"] == 0.0
     # a class's too (it read null beside the run's 0: review s80 client)
     assert m["per_class"]["chat"]["throughput_tps"] == 0.0 and m["per_class"]["chat"]["slo"]["goodput_rps"] == 0.0
+
+
+def test_a_latency_exactly_at_its_target_meets_it_whatever_the_clocks_rounding(tmp_path):
+    """A request every 1000/99 ms (not a binary fraction), each one 10 ms prefill on an idle server:
+    every TTFT is 10 ms by construction, but first_token_ms - arrival_ms reads 10.000000000000028
+    at some; against ttft_ms = 10 attainment was 0.987, and a search or plan constraint 'p99 <= 10'
+    failed (review s81 fleet, finding 2). A constraint's '<' stays strict."""
+    from schedlab.study.experiment import load, run_experiment
+    from schedlab.study.search import parse_constraint
+
+    path = tmp_path / "exact.toml"
+    path.write_text(
+        '[experiment]\nname = "exact"\nreports = []\n'
+        '[workload]\nkind = "synthetic"\nnum_requests = 300\nprompt = {dist = "fixed", value = 100}\n'
+        'output = {dist = "fixed", value = 1}\narrival = "constant"\nrate = 99.0\n'
+        '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 0.1\n'
+        '[scheduler]\nkind = "continuous"\nmax_num_seqs = 1\n[slo]\nttft_ms = 10\n')
+    run = run_experiment(load(path)).all_runs()[0]
+    ttft = run.requests["first_token_ms"] - run.requests["arrival_ms"]
+    assert (ttft != 10.0).any() and np.allclose(ttft, 10.0, rtol=0, atol=1e-9)  # (the rounding is there)
+    assert run.metrics["slo"]["attainment"] == 1.0 and run.metrics["slo"]["met"] == 300
+    assert parse_constraint("ttft_ms.p99 <= 10").holds(run.metrics)
+    assert not parse_constraint("ttft_ms.p99 < 10").holds(run.metrics)
+    assert not parse_constraint("ttft_ms.p99 <= 9.99999").holds(run.metrics)
+    assert parse_constraint("ttft_ms.p99 >= 10").holds(run.metrics)

@@ -89,10 +89,14 @@ class Constraint:
         return float(node)
 
     def holds(self, metrics: Mapping) -> bool:
-        """True when the metric satisfies the constraint; NaN never does."""
+        """True when the metric satisfies the constraint; NaN never does. A value within a relative
+        1e-9 of the threshold is taken as equal to it (a p99 TTFT of 10.000000000000028 ms, the
+        target by construction, meets ``<= 10``; not ``< 10``: review s81 fleet, finding 2)."""
         value = self.value(metrics)
         if math.isnan(value):
             return False
+        if math.isclose(value, self.threshold, rel_tol=1e-9, abs_tol=1e-12):
+            return self.op in ("<=", ">=")
         return _COMPARE[self.op](value, self.threshold)
 
     def _missing(self, metrics: Mapping, reached: list[str], node: Any) -> str:
