@@ -261,19 +261,22 @@ def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool
 
 def _assemble(extra_modules: Iterable[str], *, entry_points: bool, builtins: bool,
               plugin_dir: str | os.PathLike | None,
-              source: str | None) -> tuple[pluggy.PluginManager, dict[str, _Installed]]:
+              source: str | None) -> tuple[pluggy.PluginManager, dict[str, _Installed], list[str]]:
+    """The plugin manager, the installed plugins registered in it, and those left out while loading
+    (``plugin 'x' of package y``: an unknown name may have been theirs)."""
     pm = pluggy.PluginManager(hookspecs.NAME)
     pm.add_hookspecs(hookspecs)
     if builtins:
         for entry_point in builtin_entry_points():
             _import_plugin(pm, entry_point.value, provider=f"{entry_point.value} (built-in)")
-    installed = _load_entry_points(pm) if entry_points else {}
+    unloaded: list[str] = []
+    installed = _load_entry_points(pm, unloaded) if entry_points else {}
     for name in extra_modules:
         module = _import_plugin(pm, name, provider=name, plugin_dir=plugin_dir, source=source)
         if pm.get_name(module) in installed:  # installed, and asked for by name: its failures are errors
             installed[pm.get_name(module)].listed = True
-    _check_pending(pm, installed, source)
-    return pm, installed
+    _check_pending(pm, installed, source, unloaded)
+    return pm, installed, unloaded
 
 
 def builtin_entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -301,9 +304,10 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, _Installed]:
+def _load_entry_points(pm: pluggy.PluginManager, unloaded: list[str]) -> dict[str, _Installed]:
     """Register every plugin of the ``schedlab`` entry-point group that loads; warn about the
-    others. Returns registered name -> its :class:`_Installed` for the ones registered.
+    others (listed in ``unloaded``). Returns registered name -> its :class:`_Installed` for the ones
+    registered.
 
     Two packages may use the same entry-point name: the second is registered as
     ``"<name> (<package>)"``. One package found twice on ``sys.path`` is loaded once."""
@@ -328,6 +332,7 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, _Installed]:
                 plugin = ep.load()
             except Exception as exc:
                 _warn_broken(ep.name, package, ep.value, exc)
+                unloaded.append(f"plugin {ep.name!r} of package {package}")
                 continue
             if pm.is_registered(plugin):  # another entry point names the same module
                 other = installed.get(pm.get_name(plugin))
@@ -342,10 +347,12 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, _Installed]:
             except pluggy.PluginValidationError as exc:
                 _unregister(pm, plugin)
                 _warn_broken(ep.name, package, ep.value, _validation_text(exc))
+                unloaded.append(f"plugin {ep.name!r} of package {package}")
                 continue
             except ValueError as exc:  # (pluggy refused the name or the object)
                 _unregister(pm, plugin)
                 _warn_broken(ep.name, package, ep.value, exc)
+                unloaded.append(f"plugin {ep.name!r} of package {package}")
                 continue
             installed[name] = _Installed(package, ep.name, ep.value)
     return installed
@@ -358,7 +365,8 @@ def _warn_broken(name: str, package: str, value: str, exc: BaseException | str,
                   f"{' '.join(text.split())}", BrokenPluginWarning, stacklevel=2)
 
 
-def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed], source: str | None = None) -> None:
+def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed], source: str | None = None,
+                   unloaded: list[str] | None = None) -> None:
     """Fail on a hook implementation that matches no hookspec (a misspelt hook name), named with
     the experiment file that lists the module (``source``); an installed plugin with one is left
     out with a warning instead."""
@@ -375,6 +383,8 @@ def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed], s
             pm.unregister(exc.plugin)
             del installed[name]
             _warn_broken(info.entry, info.package, info.value, text or exc)
+            if unloaded is not None:
+                unloaded.append(f"plugin {info.entry!r} of package {info.package}")
 
 
 def _unknown_hook_text(pm: pluggy.PluginManager, exc: pluggy.PluginValidationError) -> str | None:
@@ -479,8 +489,8 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
     ``source`` are those of :func:`make_plugin_manager`.
     """
     extra_modules = tuple(extra_modules)
-    pm, installed = _assemble(extra_modules, entry_points=entry_points, builtins=True,
-                              plugin_dir=plugin_dir, source=source)
+    pm, installed, unloaded = _assemble(extra_modules, entry_points=entry_points, builtins=True,
+                                        plugin_dir=plugin_dir, source=source)
     for obj in plugin_objects:
         try:
             pm.register(obj)
@@ -490,10 +500,13 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
     _check_pending(pm, {}, source)
     providers = _provider_names(pm, installed)
     registries = {kind: Registry(kind) for kind in KINDS}
+    for registry in registries.values():  # (what a plugin that did not load registers is unknown: any kind)
+        registry.left_out.extend(unloaded)
     impls: dict[int, list] = {}
     for kind, hook_name in KINDS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             impls.setdefault(id(impl.plugin), []).append((kind, hook_name, impl))
+    installed_providers = {info.package for info in installed.values() if not info.listed}
     for name, plugin in pm.list_name_plugin():  # in the order they were registered
         if plugin is None or id(plugin) not in impls:
             continue
@@ -510,6 +523,11 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
                 raise error from None
             for kind, registry in registries.items():
                 registry.undo_since(marks[kind])
+            clash = failed.error if isinstance(failed.error, DuplicateNameError) else None
+            if clash is not None and clash.name in registries.get(clash.kind, ()):
+                owner = registries[clash.kind].get(clash.name).provider
+                if owner in installed_providers:  # two installed packages: neither gets it (review s81 plugin, 6)
+                    registries[clash.kind].refuse(clash.name, f"{owner} and {info.package}")
             for kind in {kind for kind, _, _ in impls[id(plugin)]}:  # (an unknown name may have been its)
                 registries[kind].left_out.append(f"plugin {info.entry!r} of package {info.package}")
             pm.unregister(plugin)

@@ -22,7 +22,10 @@ class UnknownPluginError(ConfigError):
 
 
 class DuplicateNameError(SchedlabError):
-    """Two plugins registered the same name for the same kind."""
+    """Two plugins registered the same name for the same kind (``kind``, ``name``: which, when known)."""
+
+    kind: str | None = None
+    name: str | None = None
 
 
 class WorkloadError(SchedlabError):

@@ -67,6 +67,9 @@ class Registry:
         #: installed plugins of this kind left out while loading (their registration failed): an
         #: unknown name then says so, as the name may have been theirs
         self.left_out: list[str] = []
+        #: names two installed plugins both claim (name -> who): refused rather than given to the one
+        #: loaded first (which one that is depends on how the packages are found)
+        self.ambiguous: dict[str, str] = {}
 
     def __call__(self, name: str, factory: Callable[..., Any], *, config: type | None = None, help: str = "") -> None:
         self.register(name, factory, config=config, help=help)
@@ -92,9 +95,9 @@ class Registry:
                               f"(register({name!r}, {type(factory).__name__}, config=...))")
         if name in self._entries:
             other = self._entries[name].provider
-            raise DuplicateNameError(
-                f"{self.kind} {name!r} is registered twice: by {other} and by {self._provider}"
-            )
+            error = DuplicateNameError(f"{self.kind} {name!r} is registered twice: by {other} and by {self._provider}")
+            error.kind, error.name = self.kind, name
+            raise error
         doc = help or (factory.__doc__ or "").strip().split("\n")[0]
         self._entries[name] = Entry(self.kind, name, factory, config, doc, self._provider)
         problem = _unchecked_config(config) if config is not None and config not in self._warned else None
@@ -120,6 +123,9 @@ class Registry:
             known = ", ".join(sorted(self._entries)) or "(none)"
             raise UnknownPluginError(f"a {self.kind} is named by text, got {type(name).__name__} {name!r}; "
                                      f"registered: {known}")
+        if name in self.ambiguous:
+            raise UnknownPluginError(f"{self.kind} {name!r} is registered by two installed plugins ({self.ambiguous[name]}):"
+                                     " uninstall one of them, or list the one you mean in [experiment] plugins")
         try:
             return self._entries[name]
         except KeyError:
@@ -138,6 +144,11 @@ class Registry:
             spellings.setdefault(known.lower(), known)
         hint = difflib.get_close_matches(name.lower(), list(spellings), n=1)
         return spellings[hint[0]] if hint else None
+
+    def refuse(self, name: str, who: str) -> None:
+        """Make ``name`` unusable: claimed by two installed plugins (``who``), it names neither."""
+        self._entries.pop(name, None)
+        self.ambiguous[name] = who
 
     def mark(self) -> int:
         """A point to :meth:`undo_since`: how many names are registered now."""

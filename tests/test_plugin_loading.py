@@ -127,6 +127,57 @@ def test_an_installed_plugin_whose_registration_fails_is_left_out_whole(failing_
         assert run_experiment(load(tmp_path / "exp.toml")).all_runs()[0].metrics["finished"] == 2
 
 
+def test_a_name_an_installed_plugin_that_failed_to_load_may_have_had_says_so(tmp_path, monkeypatch, modules):
+    """An entry point whose module is not there (the README's own warned-about mistake, a
+    forgotten ``py-modules``): its names are unknown, of whatever kind, and the error said nothing
+    of it (review s81 plugin, finding 5)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    make_dist(site, "shortest-prompt", "0.1", {"shortest": "shortest_prompt_missing_xyz"})
+    monkeypatch.syspath_prepend(str(site))
+    catalog, said = catalog_and_warnings()
+    assert len(said) == 1 and "failed to load and is left out: ModuleNotFoundError" in said[0], said
+    for kind in ("scheduler", "cost_model", "kv_cache"):
+        with pytest.raises(UnknownPluginError) as err:
+            catalog[kind].get("shortest-prompt")
+        assert str(err.value).endswith("; left out while loading, so their names are missing too (see the "
+                                       "warning): plugin 'shortest' of package shortest-prompt 0.1"), err.value
+
+
+def test_a_name_two_installed_packages_claim_names_neither(tmp_path, monkeypatch, modules):
+    """Which of two installed packages registers first depends on how their metadata is found:
+    the second was left out and the first ran under the name, whichever it was (review s81
+    plugin, finding 6). The name is refused now, naming both; the first's other names stay."""
+    site = tmp_path / "site"
+    site.mkdir()
+    write_module(site, "first_claim_mod", """
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("first-only", StaticScheduler, config=StaticConfig)
+            register("claimed", StaticScheduler, config=StaticConfig)
+        """, modules)
+    write_module(site, "second_claim_mod", """
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("claimed", StaticScheduler, config=StaticConfig)
+        """, modules)
+    make_dist(site, "claim-one", "1.0", {"one": "first_claim_mod"})
+    make_dist(site, "claim-two", "2.0", {"two": "second_claim_mod"})
+    monkeypatch.syspath_prepend(str(site))
+    catalog, said = catalog_and_warnings()
+    schedulers = catalog["scheduler"]
+    assert len(said) == 1 and "DuplicateNameError: scheduler 'claimed' is registered twice" in said[0], said
+    assert "claimed" not in schedulers
+    with pytest.raises(UnknownPluginError) as err:
+        schedulers.get("claimed")
+    text = str(err.value)
+    assert text.startswith("scheduler 'claimed' is registered by two installed plugins (") and \
+        "claim-one 1.0" in text and "claim-two 2.0" in text and text.endswith("uninstall one of them, or list the "
+                                                                             "one you mean in [experiment] plugins")
+    # the one left out (said in the warning) loses all its names; the other keeps its others
+    assert ("first-only" in schedulers) == said[0].startswith("plugin 'two' of package claim-two 2.0"), said
+
+
 def test_every_command_still_runs_beside_an_installed_plugin_that_fails_to_register(failing_install, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(failing_install) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     quickstart = Path(__file__).resolve().parent.parent / "experiments" / "quickstart.toml"
