@@ -169,3 +169,20 @@ def test_the_kit_refuses_requests_out_of_arrival_order(engine):
                                          r"requests in arrival order"):
         run_engine([late, early], ContinuousScheduler(), engine=engine)
     assert run_engine([early, late], ContinuousScheduler(), engine=engine).metrics["finished"] == 2
+
+
+@pytest.mark.parametrize("runner", ["engine", "cluster"])
+def test_a_closed_loop_without_its_first_requests_is_refused(runner):
+    """``run_engine([], scheduler, workload=...)`` simulated no request, and check_run passed it
+    (review s81 plugin, finding 8): the first requests are the workload's ``requests(seed)``."""
+    from schedlab.testing import run_cluster, run_engine, small_closed_loop
+    from schedlab_plugins.schedulers import ContinuousScheduler
+
+    workload = small_closed_loop(4, 30)()
+    with pytest.raises(ValueError, match=r"^a closed-loop workload's first requests go in requests"):
+        if runner == "engine":
+            run_engine([], ContinuousScheduler(), workload=workload)
+        else:
+            run_cluster([], lambda: (ContinuousScheduler(), None, None), 1, workload=workload)
+    r = run_engine(workload.requests(0), ContinuousScheduler(), workload=workload)
+    assert r.requests["id"].size == 30
