@@ -558,8 +558,9 @@ class Scheduler(Protocol):
     engine aborts a sequence whose client gave up, its status then ``"aborted"``: a scheduler
     that keeps sequences of its own must forget it), ``slots`` (most
     running sequences; a disaggregated decode instance lets no more join),
-    ``kv_reservation(request)`` (KV tokens held from admission, 0 when grown as computed; a
-    disaggregated decode instance reserves as much when it pulls a request's KV) and
+    ``kv_reservation(request[, kv])`` (KV tokens held from admission, 0 when grown as computed; a
+    disaggregated decode instance reserves as much when it pulls a request's KV, passing its cache
+    as ``kv`` when the method takes one) and
     ``max_in_flight`` (the most requests the instance holds, waiting or running, at once: the
     engines refuse an arrival beyond it, "Model is overloaded", as TGI's router does -- a request
     whose last iteration is still running at the arrival counts; :mod:`schedlab.engine.admission`),

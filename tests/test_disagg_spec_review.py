@@ -98,10 +98,10 @@ def test_a_reserving_decode_pool_reserves_the_drafts_slots_as_an_admission_does(
 def test_a_prefill_instance_held_by_a_stuck_decode_pool_does_not_blame_its_cache(tmp_path, monkeypatch):
     # the reviewer's fz2/case1488.toml, with the pull's reservation as it was (no speculative slack):
     # the prefill instance stalled first, "6 used blocks ... (a leak)"; they are prompts handed on
-    monkeypatch.setattr(disagg, "pull_reservation", lambda scheduler, request, spec, longest:
-                        kv_reservation(scheduler, request))
-    monkeypatch.setattr(reference_cluster, "pull_reservation", lambda scheduler, request, spec, longest:
-                        kv_reservation(scheduler, request))
+    monkeypatch.setattr(disagg, "pull_reservation", lambda scheduler, request, spec, longest, kv=None:
+                        kv_reservation(scheduler, request, kv))
+    monkeypatch.setattr(reference_cluster, "pull_reservation", lambda scheduler, request, spec, longest, kv=None:
+                        kv_reservation(scheduler, request, kv))
     path = toml(tmp_path, """
         [experiment]
         name = "fz"

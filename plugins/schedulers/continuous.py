@@ -427,13 +427,13 @@ class ContinuousScheduler:
         # ("auto" without a cache: nothing to cut by; a client's max_tokens under 'reject': rejection_reason)
         return cut_to_max_model_len(request, longest, self.config.context_overflow == "reject")
 
-    def kv_reservation(self, request) -> int:
+    def kv_reservation(self, request, kv=None) -> int:
         """KV tokens held from admission: ``prompt + max_tokens`` with ``allocation = "reserve"``
         (what :meth:`Plan.admit` reserves; with ``default_max_tokens = "max_model_len"`` a request
-        without max_tokens holds ``max_model_len``), else none (a disaggregated decode pool reserves
-        as much when it pulls a request's KV)."""
+        without max_tokens holds ``max_model_len``, as served on ``kv``), else none (a disaggregated
+        decode pool reserves as much when it pulls a request's KV)."""
         if self._deduces:
-            return self._deduced_tokens(request)
+            return self._deduced_tokens(request, kv)
         return request.prompt_tokens + request.max_output_tokens if self._reserve else 0
 
     def _deduced_tokens(self, request, kv=None) -> int:

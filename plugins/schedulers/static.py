@@ -114,10 +114,10 @@ class StaticScheduler:
                     f"{tokens - request.prompt_tokens}) but the cache has {kv.num_blocks}")
         return None
 
-    def kv_reservation(self, request) -> int:
+    def kv_reservation(self, request, kv=None) -> int:
         """KV tokens held from admission: ``prompt + max_tokens`` (without max_tokens, the rest of
-        ``max_model_len`` when there is one), as ``admit(reserve=True)`` takes."""
-        return self._reserved(request)
+        ``max_model_len`` as served on ``kv`` when there is one), as ``admit(reserve=True)`` takes."""
+        return self._reserved(request, kv)
 
     def schedule(self, plan) -> None:
         if plan.running:

@@ -365,9 +365,12 @@ class TgiScheduler:
                     f"{chunk} - 1) but TGI's block allocator has {usable} (block 0 is kept for health checks)")
         return None
 
-    def kv_reservation(self, request) -> int:
+    def kv_reservation(self, request, kv=None) -> int:
         """KV tokens held from admission (the block allocator's ``input + max_new_tokens - 1``,
-        ``max_new_tokens`` the first segment's: without ``max_tokens``, TGI's default)."""
+        ``max_new_tokens`` the first segment's: without ``max_tokens``, TGI's default, from
+        ``max_total_tokens`` as served on ``kv``)."""
+        if kv is not None and self._total is None and self.config.default_max_tokens == "max_total_tokens":
+            self._total = self.limits(kv)[1]
         return request.prompt_tokens + self._chunk(self._max_new(request, request.prompt_tokens)) - 1
 
     def _reserve_tokens(self, seq) -> int:

@@ -251,7 +251,7 @@ class DecodeStage:
             seq = tr.decode_seq
             prompt = seq.prompt
             hit = pulled_hit(kv, prompt, inst.prefix_hit(seq)) if inst.prefix_hit is not None else 0
-            reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest)
+            reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest, inst.kv)
             if headroom is not None:
                 keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)
                 if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received) + keep \

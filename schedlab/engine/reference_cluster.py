@@ -462,7 +462,7 @@ class DecodeRole:
             seq = tr.decode_seq
             prompt = seq.request.prompt_tokens
             hit = pulled_hit(inst.kv, prompt, inst.prefix_hit(seq)) if inst.prefix_hit is not None else 0
-            reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest)
+            reserve = pull_reservation(inst.scheduler, seq.request, inst.spec, inst.longest, inst.kv)
             received = pull_keywords(inst.kv)
             if headroom is not None:
                 need = inst.kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received)

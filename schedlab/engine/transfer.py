@@ -300,21 +300,42 @@ def prefill_request(request, hears_disconnect: bool = True):
     return attrs.evolve(request, output_tokens=1, max_tokens=1)
 
 
-def kv_reservation(scheduler, request) -> int:
-    """Tokens of KV ``scheduler`` holds for ``request`` from admission (0: grown as computed)."""
+def kv_reservation(scheduler, request, kv=None) -> int:
+    """Tokens of KV ``scheduler`` holds for ``request`` from admission (0: grown as computed), on
+    ``kv`` when its ``kv_reservation`` takes a ``kv`` (a reservation that depends on the context the
+    cache serves: a decode instance's scheduler has seen no other cache of its own when it pulls
+    its first request; without it every decode instance but the first reserved the model's whole
+    context, or TGI's answer alone: review s81 diffuzz, finding 1)."""
     reserve = getattr(scheduler, "kv_reservation", None)
-    return reserve(request) if reserve is not None else 0
+    if reserve is None:
+        return 0
+    return reserve(request, kv) if kv is not None and _takes_kv(type(scheduler)) else reserve(request)
 
 
-def pull_reservation(scheduler, request, spec, longest: int) -> int:
+_TAKES_KV: dict = {}
+
+
+def _takes_kv(cls) -> bool:
+    """Whether ``cls.kv_reservation`` has a ``kv`` parameter (a plugin's may not)."""
+    known = _TAKES_KV.get(cls)
+    if known is None:
+        try:
+            known = "kv" in inspect.signature(cls.kv_reservation).parameters
+        except (AttributeError, TypeError, ValueError):
+            known = False
+        _TAKES_KV[cls] = known
+    return known
+
+
+def pull_reservation(scheduler, request, spec, longest: int, kv=None) -> int:
     """Tokens of KV a decode instance holds for ``request`` when it pulls its prompt's KV, as an
     admission there would (``Plan.admit``): its scheduler's :func:`kv_reservation` and, when that
     is one and the instance speculates, the last step's drafts and lookahead slots
     (``spec.slack_for``), no further than ``longest`` (max_model_len; 0: no limit). Without the slack
     a reserving scheduler (static, TGI), which never preempts, stalled once its requests grew into
     slots they never reserved (review specdisagg, finding 1). A pull itself takes no lookahead
-    slot (vLLM allocates none for remote KV)."""
-    reserve = kv_reservation(scheduler, request)
+    slot (vLLM allocates none for remote KV). ``kv``: the decode instance's cache."""
+    reserve = kv_reservation(scheduler, request, kv)
     if reserve and spec is not None:
         reserve += spec.slack_for(request)
         if longest and reserve > longest:
