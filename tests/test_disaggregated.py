@@ -1319,3 +1319,22 @@ def test_a_reservation_is_read_on_the_cache_it_is_asked_for():
     request = Request(0, 0.0, 187, 19)
     assert kv_reservation(trtllm(TrtllmConfig(max_seq_len=8192)), request, kv) == 80 * 32
     assert kv_reservation(trtllm(TrtllmConfig(max_seq_len=8192)), request) == 8192  # (no cache seen yet)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_one_token_answer_on_the_prefill_side_whose_client_left_during_its_step_is_aborted(engine):
+    # With the first token on the prefill side, a one-token answer finishes there. Its prompt runs
+    # 0-32; the client leaves at 20: aborted after the step, without its token, as a longer answer
+    # is (it finished, its token made after the client left: review s81 diffuzz, finding 2). Behind
+    # a proxy that keeps the disconnect, it completes and its client has left: timed out, not aborted.
+    rows = {}
+    for heard in (True, False):
+        r = run([Request(0, 0.0, 64, 1)], pool(16), pool(16), engine, client_side=gives_up(20.0),
+                first_token="prefill", prefill_hears_disconnect=heard)
+        rows[heard] = {c: by_id(r, c)[0] for c in ("aborted", "timed_out", "generated_tokens", "first_token_ms",
+                                                     "finish_ms")}
+        assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+    assert rows[True] == {"aborted": 1, "timed_out": 1, "generated_tokens": 0, "first_token_ms": -1.0,
+                          "finish_ms": 32.0}
+    assert rows[False] == {"aborted": 0, "timed_out": 1, "generated_tokens": 1, "first_token_ms": 32.0,
+                           "finish_ms": 32.0}

@@ -78,7 +78,10 @@ class PrefillStage:
         tr = seq.transfer
         request = tr.request
         on_prefill = self.cluster.first_token == "prefill"
-        if on_prefill and request.target_tokens <= 1:
+        gone = request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) < t
+        heard = self.cluster.prefill_hears_disconnect
+        # (a one-token answer whose client left during the step is aborted too: review s81 diffuzz, 2)
+        if on_prefill and request.target_tokens <= 1 and not (gone and heard):
             seq.request = request  # its row shows the client's request, not max_tokens = 1
             return False
         tr.ready_ms = t
@@ -86,8 +89,7 @@ class PrefillStage:
             inst.counters["generated_tokens"] -= 1
             seq._generated = 0
             seq.first_token_ms = seq.last_token_ms = -1.0
-        if request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) < t:
-            heard = self.cluster.prefill_hears_disconnect
+        if gone:
             if heard and on_prefill:  # the step's token is never sent
                 inst.counters["generated_tokens"] -= 1
                 seq._generated = 0

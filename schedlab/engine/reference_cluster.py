@@ -334,7 +334,9 @@ class PrefillRole:
     def hand_off(self, inst: ReferenceEngine, seq: RefSequence, t: float) -> bool:
         tr = seq.transfer
         on_prefill = self.cluster.first_token == "prefill"  # (else the decode instance samples the first token)
-        if on_prefill and tr.request.target_tokens <= 1:
+        gone = tr.request.timeout_ms is not None and abort_heard_ms(tr.request, inst.hangup_ms) < t
+        heard = self.cluster.prefill_hears_disconnect  # (else the proxy drops it: the KV waits out its lease)
+        if on_prefill and tr.request.target_tokens <= 1 and not (gone and heard):
             seq.request = tr.request  # finishes here, with the client's request in its row
             return False
         tr.ready_ms = t
@@ -342,8 +344,7 @@ class PrefillRole:
             inst.counters["generated_tokens"] -= 1
             seq.num_generated = 0
             seq.token_times = []
-        if tr.request.timeout_ms is not None and abort_heard_ms(tr.request, inst.hangup_ms) < t:
-            heard = self.cluster.prefill_hears_disconnect  # (else the proxy drops it: the KV waits out its lease)
+        if gone:
             if heard and on_prefill:  # aborted during its last step, before the step's output: no token
                 inst.counters["generated_tokens"] -= 1
                 seq.num_generated = 0
