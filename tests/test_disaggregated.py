@@ -1338,3 +1338,35 @@ def test_a_one_token_answer_on_the_prefill_side_whose_client_left_during_its_ste
                           "finish_ms": 32.0}
     assert rows[False] == {"aborted": 0, "timed_out": 1, "generated_tokens": 1, "first_token_ms": 32.0,
                            "finish_ms": 32.0}
+
+
+def test_a_reception_at_the_instant_of_decode_side_aborts_changes_no_plan():
+    """Clients 0, 1, 2 and 4 give up so that the engine hears of it at 50 ms: the decode instance
+    drops 1 and 2 (waiting for blocks; a 0 ms lease frees their prefill KV), the prefill instance
+    aborts 4 and plans then. Request 7, sent at 48, reaches the API server at 50 and the engine at
+    51: it changes nothing at 50. The reference engine settled every instance's aborts at any
+    client-side event, so its reception let the decode drops free blocks before the prefill plan
+    at 50 (request 6 scheduled at 50.0, not 50.8); routing only settles (review s81 diffuzz, 3)."""
+    from schedlab.frontend import ClientSide, FrontendConfig
+    from schedlab_plugins.schedulers import SglangConfig
+
+    def prefill():
+        return SglangScheduler(SglangConfig(max_running_requests=8, overlap_schedule=False)), LinearCostModel(), \
+            PagedKVCache(8, 16, bytes_per_block=MIB)
+
+    def decode():
+        return SglangScheduler(SglangConfig(max_running_requests=1, overlap_schedule=False)), LinearCostModel(), \
+            PagedKVCache(9, 16, bytes_per_block=MIB)
+
+    requests = [Request(0, 0.0, 16, 50, timeout_ms=48.0), Request(1, 1.0, 16, 5, timeout_ms=47.0),
+                Request(2, 2.0, 32, 1, timeout_ms=46.0), Request(3, 3.0, 16, 50),
+                Request(4, 4.0, 32, 50, timeout_ms=44.0), Request(5, 5.0, 16, 50), Request(6, 6.0, 16, 1)]
+    scheduled = {}
+    for extra in ((), (Request(7, 48.0, 16, 1),)):
+        for engine in ENGINES:
+            side = ClientSide(FrontendConfig(network_ms=2.0, request_ms=1.0, tokenize_ms_per_token=0.0, token_ms=0.0,
+                                             workers=0))
+            r = run_disaggregated(requests + list(extra), prefill, decode, bandwidth_gbps=0.001, latency_ms=0.0,
+                                  engine=engine, kv_lease_ms=0.0, client_side=side)
+            scheduled[(len(extra), engine)] = by_id(r, "first_scheduled_ms")[6]
+    assert all(v == pytest.approx(50.8) for v in scheduled.values()), scheduled

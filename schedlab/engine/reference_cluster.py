@@ -247,12 +247,17 @@ class ReferenceCluster:
             if t_event <= t_plan and t_event < INF:
                 self.clock.now = t_event
                 self.deliver_other(t_event)
-                if aborting[0]:
-                    for inst in self.instances:
-                        if getattr(inst, "aborts", None):  # aborted requests are gone before anything is routed
-                            inst.settle(t_event)
-                            self.changed(inst)
+                settled = not aborting[0]
                 while events and events[0][0] <= t_event:
+                    if not settled and events[0][1] == ARRIVAL:
+                        # aborted requests are gone before anything is routed -- only then: a reception or a
+                        # client's deadline routes nothing (settling at them let a decode instance's aborts
+                        # free KV before a plan at the same instant: review s81 diffuzz, finding 3)
+                        settled = True
+                        for inst in self.instances:
+                            if getattr(inst, "aborts", None):
+                                inst.settle(t_event)
+                                self.changed(inst)
                     t, kind, _, request = heapq.heappop(events)
                     if kind == DEADLINE:
                         if waiting_for.pop(request.id, None) is not None:  # the client gives up
