@@ -238,3 +238,28 @@ def test_a_latency_exactly_at_its_target_meets_it_whatever_the_clocks_rounding(t
     assert not parse_constraint("ttft_ms.p99 < 10").holds(run.metrics)
     assert not parse_constraint("ttft_ms.p99 <= 9.99999").holds(run.metrics)
     assert parse_constraint("ttft_ms.p99 >= 10").holds(run.metrics)
+
+
+def test_a_class_that_made_nothing_has_zero_throughput_streamed_too(tmp_path, monkeypatch):
+    """Every request is turned away (the prompts exceed the cache): the run has no span, and each
+    class's throughput is 0 tokens/s -- an exact run said so, a streamed one (past exact_requests)
+    said NaN (review s81 diffuzz, side note)."""
+    from schedlab.study.experiment import load, run_experiment
+
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    path = tmp_path / "mix.toml"
+    path.write_text(
+        '[experiment]\nname = "mix"\nreports = []\n'
+        '[workload]\nkind = "mix"\n'
+        'classes.small = {kind = "synthetic", num_requests = 10, rate = 50.0, prompt = {dist = "fixed", value = 2000}, '
+        'output = {dist = "fixed", value = 4}, request_class = "small"}\n'
+        'classes.huge = {kind = "synthetic", num_requests = 10, rate = 50.0, prompt = {dist = "fixed", value = 5000}, '
+        'output = {dist = "fixed", value = 4}, request_class = "huge"}\n'
+        '[kv_cache]\nkind = "paged"\nnum_blocks = 64\nblock_size = 16\n')
+    exact = run_experiment(load(path)).all_runs()[0]
+    streamed = run_experiment(load(path, ["experiment.exact_requests=3"])).all_runs()[0]
+    assert streamed.rows_file is not None
+    for run in (exact, streamed):
+        assert run.metrics["rejected"] == 20
+        assert run.metrics["per_class"]["huge"]["throughput_tps"] == 0.0
+        assert run.metrics["per_class"]["small"]["throughput_tps"] == 0.0

@@ -630,7 +630,9 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
 
     def group_metrics(group, with_slo: bool) -> dict[str, Any]:
         out = {"requests": group.requests, "finished": group.finished, "generated_tokens": group.generated,
-               "throughput_tps": group.generated / seconds if seconds > 0 else float("nan")}
+               # (none made: 0, as an exact run's group says it; it was NaN here: review s81 diffuzz)
+               "throughput_tps": group.generated / seconds if seconds > 0 else (0.0 if not group.generated
+                                                                                 else float("nan"))}
         for name, summary in group.latency.items():
             out[name] = summary.result()
         if with_slo:
