@@ -97,9 +97,11 @@ def not_regular_file(path: str | os.PathLike) -> str | None:
     file"`` -- or None for a regular file and for a path that is not there (the open that follows
     says so). Input files are read whole, some more than once: a FIFO would block until a writer
     comes, a device such as /dev/zero never ends, and a folder cannot be read."""
+    if "\0" in os.fsdecode(path):  # (open() would raise a bare ValueError: review s81 badinput, 3)
+        return "holds a NUL byte (\\0), which no file name can"
     try:
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):  # missing, unreadable, or a name with a NUL: open() says which
+    except OSError:  # missing or unreadable: open() says which
         return None
     if stat.S_ISREG(mode):
         return None

@@ -160,6 +160,13 @@ FILE_CASES = {
                                               ["[frontend]: request_ms: must be <= 1000000000000.0"]),
     "a tokenizer of 1e10 ms a token": (BASE + "[frontend]\ntokenize_ms_per_token = 1e10\n",
                                        ["[frontend]: tokenize_ms_per_token: must be <= 10000.0"]),
+    # a NUL byte in a path: open() raises a bare ValueError -- a traceback (review s81 badinput, 3) or a
+    # built-in plugin's crash naming no table (4)
+    "a model config path with a NUL byte": (BASE + '[models.m]\nconfig = "r\\u0000.json"\n',
+                                            ["[models.m]: config:", "holds a NUL byte (\\0), which no file name can"]),
+    "a request file path with a NUL byte": ('[experiment]\nname = "hostile"\n[workload]\nkind = "file"\n'
+                                            'path = "r\\u0000.json"\n',
+                                            ["[workload]:", "holds a NUL byte (\\0), which no file name can"]),
     "a closed loop's pause past the clock": (
         BASE.replace('kind = "synthetic"\nnum_requests = 20', 'kind = "closed_loop"\nclients = 2\nnum_requests = 20')
         .replace('arrival = "poisson"\nrate = 10\n', "think_ms = 1e13\n"),

@@ -89,6 +89,9 @@ LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 def check_not_lfs_pointer(path: str | os.PathLike) -> None:
     """WorkloadError naming ``path`` when it is a Git LFS pointer (a few lines naming the data's
     hash) rather than the data: the clone's LFS files were never fetched."""
+    problem = not_regular_file(path)
+    if problem and "NUL" in problem:  # (open() raises a bare ValueError: review s81 badinput, 4)
+        raise WorkloadError(f"path {os.fsdecode(path)!r} {problem}")
     try:
         with open(path, "rb") as fh:
             head = fh.read(len(LFS_POINTER))
