@@ -160,7 +160,12 @@ class SpeculativeConfig:
         if rates and self.acceptance_sd:
             raise FieldError("acceptance_sd", "spreads acceptance_rate over requests; with acceptance_by_position "
                                               "leave it out")
-        most = max([self.num_speculative_tokens] + [k for _first, _last, k in self.k_by_batch_size])
+        if rates and self.acceptance_rate != attrs.fields(SpeculativeConfig).acceptance_rate.default:
+            raise FieldError("acceptance_rate", "acceptance_by_position gives each position's rate, so this one would "
+                                                "not be used: leave it out (review s81 badinput, 5)")
+        # (a k_by_batch_size k above it is capped at it, as vLLM caps it: k_for; counting the uncapped k
+        # refused rates enough for every step: review s81 badinput, 6)
+        most = self.num_speculative_tokens
         if rates and len(rates) < most:
             raise FieldError("acceptance_by_position", f"gives {len(rates)} rate(s), but a step may verify {most} "
                                                        "drafts: give one for each position")

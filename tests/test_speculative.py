@@ -616,3 +616,19 @@ def test_a_runs_pool_holds_the_drafter_its_cost_model_names(tmp_path):
         'draft = {kind = "roofline", model = "llama-3.2-1b", gpu = "a100-80gb"}', ""))
     ngram = run_experiment(load(path, ["workload.num_requests=3"]))  # (n-gram drafts on the CPU: no drafter)
     assert "draft_model" not in ngram.studies[0].runs[0].meta["kv_cache"]
+
+
+def test_a_rate_beside_rates_by_position_is_refused_and_a_capped_k_needs_no_more_rates():
+    """Review s81 (badinput, 5-6): acceptance_rate beside acceptance_by_position was ignored silently
+    (the run's meta recorded it); a k_by_batch_size k above num_speculative_tokens, capped at it when
+    drafting, made three rates for k = 3 'not enough'."""
+    from schedlab.configs import FieldError
+
+    with pytest.raises(FieldError, match="acceptance_rate: acceptance_by_position gives each position's rate"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_by_position=[0.9, 0.8, 0.7],
+                          acceptance_rate=0.5)
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_by_position=[0.9, 0.8, 0.7],
+                            k_by_batch_size=[[1, 1000, 9]])
+    assert cfg.k_for(1) == 3
+    with pytest.raises(FieldError, match="gives 2 rate"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_by_position=[0.9, 0.8])

@@ -37,7 +37,7 @@ def speculative_configs(draw, by_position: bool = False):
     return SpeculativeConfig(
         method=method,
         num_speculative_tokens=k,
-        acceptance_rate=rate,
+        acceptance_rate=rate if not shares else 0.7,  # (the default: by position, a rate is refused)
         acceptance_by_position=shares,
         # per-request rates from a Beta distribution (defined strictly inside (0, 1) only)
         acceptance_sd=draw(st.sampled_from([0.0, 0.2])) if 0.0 < rate < 1.0 and not shares else 0.0,
