@@ -161,8 +161,9 @@ class SpeculativeConfig:
             raise FieldError("acceptance_sd", "spreads acceptance_rate over requests; with acceptance_by_position "
                                               "leave it out")
         if rates and self.acceptance_rate != attrs.fields(SpeculativeConfig).acceptance_rate.default:
+            # (it was ignored without a word: review s81 badinput, 5)
             raise FieldError("acceptance_rate", "acceptance_by_position gives each position's rate, so this one would "
-                                                "not be used: leave it out (review s81 badinput, 5)")
+                                                "not be used: leave it out")
         # (a k_by_batch_size k above it is capped at it, as vLLM caps it: k_for; counting the uncapped k
         # refused rates enough for every step: review s81 badinput, 6)
         most = self.num_speculative_tokens
