@@ -861,6 +861,11 @@ def test_a_diurnal_profile_is_followed_and_checked():
     with pytest.raises(FieldError, match="profile"):
         DiurnalConfig(mean_rate=1.0, profile=[1.0] * 23, prompt={"dist": "fixed", "value": 4},
                       output={"dist": "fixed", "value": 4})
+    # the cosine's settings beside a profile did nothing, without a word (review s81 badinput, 7)
+    for key, value in (("amplitude", 0.05), ("peak_hour", 3.0)):
+        with pytest.raises(FieldError, match=rf"^{key}: shapes the cosine day, which profile replaces"):
+            DiurnalConfig(mean_rate=1.0, profile=profile, prompt={"dist": "fixed", "value": 4},
+                          output={"dist": "fixed", "value": 4}, **{key: value})
 
 
 def test_the_fleet_report_writes_its_table_and_plot(tmp_path):

@@ -73,6 +73,10 @@ class DiurnalConfig:
         parse_distribution(self.output, field="output")
         if self.profile and (len(self.profile) != 24 or min(self.profile) < 0 or not sum(self.profile) > 0):
             raise FieldError("profile", f"give 24 weights >= 0, not all 0 (one per hour), got {len(self.profile)}")
+        if self.profile:  # (the cosine's settings did nothing beside a profile: review s81 badinput, 7)
+            for name in ("amplitude", "peak_hour"):
+                if getattr(self, name) != getattr(attrs.fields(DiurnalConfig), name).default:
+                    raise FieldError(name, "shapes the cosine day, which profile replaces: give one or the other")
         if self.mean_rate * self.hours * 3600 > MAX_REQUESTS:
             raise FieldError("mean_rate", f"{self.mean_rate} requests/s for {self.hours} hours is more than "
                                           f"{MAX_REQUESTS:,} requests")
