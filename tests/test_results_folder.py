@@ -366,6 +366,39 @@ def test_a_run_does_not_replace_the_folder_holding_its_inputs(previous, tmp_path
     assert snapshot(out) == before and leftovers(tmp_path) == []
 
 
+def test_a_plan_whose_space_reads_a_file_in_the_folder_does_not_replace_it(previous, tmp_path, capsys, monkeypatch):
+    """A [plan.space] value is read as a [sweep]'s is: the plan replayed results/requests.json and
+    replaced the folder holding it (review s81 badinput, finding 2)."""
+    out = _results_holding_the_experiment(previous, tmp_path)
+    (tmp_path / "plan.toml").write_text(textwrap.dedent("""
+        [experiment]
+        name = "plan"
+        [workload]
+        kind = "file"
+        path = "results/requests.json"
+        [cost_model]
+        kind = "roofline"
+        model = "llama-3-8b"
+        [kv_cache]
+        model = "llama-3-8b"
+        [slo]
+        ttft_ms = 1000
+        [plan]
+        constraints = ["slo.attainment >= 0.5"]
+        gpus = {a100-80gb = 1}
+        max_instances = 2
+        """).replace('path = "results/requests.json"', 'path = "requests.json"'))
+    shutil.copy(ROOT / "experiments" / "data" / "requests.json", tmp_path / "requests.json")
+    before = snapshot(out)
+    monkeypatch.chdir(tmp_path)
+    for extra in (["--set", 'plan.space={"workload.path" = ["results/requests.json"]}'],):
+        assert main(["run", "plan.toml", *extra, "--no-plots", "--out", "results"]) == 2
+        assert capsys.readouterr().err.endswith("schedlab: error: --out results: holds results/requests.json, which "
+                                                "this run reads; a run replaces its results folder whole, so name "
+                                                "another folder\n")
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
 def test_the_same_run_into_another_folder_and_the_folder_itself_are_fine(previous, tmp_path, monkeypatch):
     """The check above refuses only what the run reads: the inputs themselves are usable."""
     _results_holding_the_experiment(previous, tmp_path)

@@ -84,8 +84,12 @@ def input_files(experiment) -> list[Path]:
     def walk(value: Any) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
-                if str(key).rsplit(".", 1)[-1] in keys and isinstance(item, str) and item.strip():
+                if str(key).rsplit(".", 1)[-1] not in keys:
+                    walk(item)
+                elif isinstance(item, str) and item.strip():
                     found.append(Path(base, os.path.expanduser(item)))
+                elif isinstance(item, list):  # a sweep's or a plan space's values ("workload.path" = [...])
+                    found.extend(Path(base, os.path.expanduser(v)) for v in item if isinstance(v, str) and v.strip())
                 else:
                     walk(item)
         elif isinstance(value, list):
@@ -96,6 +100,7 @@ def input_files(experiment) -> list[Path]:
     for study in experiment.studies:
         walk(study.base.tables)
         walk(list(study.sweep or ()))  # points are {dotted key: value}
+        walk(getattr(study.plan, "space", None) or {})  # (a plan's space, --set ones too: review s81 badinput, 2)
     return list(dict.fromkeys(found))
 
 
