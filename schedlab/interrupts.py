@@ -228,14 +228,19 @@ def deferred():
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         return
     guard.deferring += 1
+    broken = None
     try:
         yield
+    except Exception as exc:  # (what the stop's signal did to the block -- a process pool's fork server
+        broken = exc          # killed by a group's Ctrl-C, its pipe at EOF: the stop is what to say)
     finally:
         guard.deferring -= 1
     if not guard.deferring and guard.first is not None and not guard.seen:
         if hasattr(signal, "setitimer"):
             signal.setitimer(signal.ITIMER_REAL, RETRY_S)
-        raise guard._stop()
+        raise guard._stop() from broken
+    if broken is not None:
+        raise broken
 
 
 def acknowledge() -> None:

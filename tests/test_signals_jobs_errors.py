@@ -203,6 +203,31 @@ def test_a_stop_inside_a_deferred_block_comes_after_it(restore_signals):
     assert done == ["block"]
 
 
+def test_a_stop_that_broke_the_deferred_block_is_the_stop(restore_signals):
+    """A terminal's Ctrl-C reaches the process pool's fork server too: one killed while it started
+    a worker left the submit in the deferred block failing with EOFError, which escaped as a
+    traceback (exit 1) instead of the interrupt (review s81 badinput, finding 1). Without a stop the
+    block's own error stays its own."""
+    import threading
+
+    from schedlab.interrupts import SignalGuard, Terminated, deferred
+
+    with pytest.raises(Terminated) as caught:
+        with SignalGuard():
+            with deferred():
+                helper = threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM))
+                helper.start()
+                helper.join()
+                for _ in range(100):
+                    time.sleep(0.01)
+                raise EOFError("unexpected EOF")
+    assert isinstance(caught.value.__cause__, EOFError)
+    with pytest.raises(EOFError):
+        with SignalGuard():
+            with deferred():
+                raise EOFError("unexpected EOF")
+
+
 def _sighup_default() -> None:
     """(In the child: SIGHUP as a terminal session has it, even when these tests run under nohup.)"""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
