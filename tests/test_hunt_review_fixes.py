@@ -410,3 +410,31 @@ def test_an_interrupt_while_the_reproducer_is_checked_keeps_the_finished_hunt(tm
     assert "interrupted" not in info or not info["interrupted"]
     assert info["shrunk"] is not None and (out / "counterexample.toml").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "nothing left half-written"
+
+
+def test_an_interrupt_before_any_workload_was_scored_keeps_the_previous_hunt(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C before the first evaluation wrote a hunt.json of no evaluations and a summary in
+    place of a finished hunt's folder: its counterexample and reproducer were gone (review s81
+    badinput, finding 8). With nothing found, nothing is written."""
+    import schedlab.hunt.hunt as hunt_module
+    import schedlab.interrupts as interrupts
+
+    path = write(tmp_path, BASE)
+    out = tmp_path / "out"
+    assert main(["hunt", str(path), "--out", str(out), "--jobs", "1", "--set", "hunt.shrink_budget=20"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert "counterexample.toml" in before
+
+    def stopped_at_once(hunt, *args, **kwargs):
+        exc = KeyboardInterrupt()
+        exc.hunt_outcome = hunt_module.HuntOutcome(goal=hunt.goal, search=[], random=[], worst=None,
+                                                   interrupted=hunt_module.SEARCH)
+        raise exc
+
+    monkeypatch.setattr(hunt_module, "hunt_on", stopped_at_once)
+    monkeypatch.setattr(interrupts, "by_signal", lambda: True)
+    capsys.readouterr()
+    assert main(["hunt", str(path), "--out", str(out), "--jobs", "1"]) == 130
+    assert "interrupted before any workload was evaluated; no results were written" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".out")]

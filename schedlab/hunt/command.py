@@ -88,12 +88,19 @@ def checked_no_more(hunt, outcome, exc: KeyboardInterrupt, stage, out: Path, wri
 def interrupted(hunt, outcome, exc: KeyboardInterrupt, stage, out: Path) -> int:
     """Ctrl-C (or SIGTERM, SIGHUP) stopped the hunt: keep what it found -- ``hunt.json`` marked
     interrupted, the worst workload so far and any shrunk so far (:func:`~.report.write_partial`),
-    staged and put in place as a finished hunt's files are -- say so, and give the stop's exit status."""
+    staged and put in place as a finished hunt's files are -- say so, and give the stop's exit status.
+    Before any workload was evaluated there is nothing to keep: nothing is written."""
     from ..interrupts import acknowledge, stop_status
     from .report import interrupted_line, summary_lines, write_partial
 
     acknowledge()  # (already, by the executor's clean-up) further signals are ignored while this is written
     what, status = stop_status(exc)
+    if not outcome.search and not outcome.random and outcome.first_failure is None:
+        # nothing evaluated, nothing to keep: a previous hunt's folder stays (it was replaced by a
+        # hunt.json of no evaluations: review s81 badinput, finding 8)
+        print(f"schedlab: {what} before any workload was evaluated; no results were written (a previous results "
+              "folder is left as it was)", file=sys.stderr)
+        return status
     written = write_partial(hunt, outcome, stage.path)
     stage.commit()
     print("\n".join(summary_lines(hunt, outcome)))
