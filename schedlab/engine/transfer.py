@@ -127,23 +127,25 @@ def pull_keywords(kv) -> dict:
     takes it: their window slid already -- vLLM's ``allocate_external_computed_blocks`` leaves the
     blocks before the next token's window null --, and a prefix cache's host tier does not load
     the last block of a whole-block prompt to compute its last token again."""
-    if getattr(kv, "window", None) is not None or _takes_received(type(kv)):
+    if getattr(kv, "window", None) is not None or _takes(type(kv), "allocate", "received"):
         return {"received": True}
     return {}
 
 
-_TAKES_RECEIVED: dict = {}
+_TAKES: dict = {}
 
 
-def _takes_received(cls) -> bool:
-    """Whether ``cls.allocate`` has a ``received`` parameter (a plugin's cache may not)."""
-    known = _TAKES_RECEIVED.get(cls)
+def _takes(cls, method: str, parameter: str) -> bool:
+    """Whether ``cls``'s ``method`` has a parameter named ``parameter`` (a plugin's may not:
+    ``allocate``'s ``received``, ``kv_reservation``'s ``kv``); known once per class."""
+    key = (cls, method, parameter)
+    known = _TAKES.get(key)
     if known is None:
         try:
-            known = "received" in inspect.signature(cls.allocate).parameters
+            known = parameter in inspect.signature(getattr(cls, method)).parameters
         except (AttributeError, TypeError, ValueError):
             known = False
-        _TAKES_RECEIVED[cls] = known
+        _TAKES[key] = known
     return known
 
 
@@ -309,22 +311,8 @@ def kv_reservation(scheduler, request, kv=None) -> int:
     reserve = getattr(scheduler, "kv_reservation", None)
     if reserve is None:
         return 0
-    return reserve(request, kv) if kv is not None and _takes_kv(type(scheduler)) else reserve(request)
-
-
-_TAKES_KV: dict = {}
-
-
-def _takes_kv(cls) -> bool:
-    """Whether ``cls.kv_reservation`` has a ``kv`` parameter (a plugin's may not)."""
-    known = _TAKES_KV.get(cls)
-    if known is None:
-        try:
-            known = "kv" in inspect.signature(cls.kv_reservation).parameters
-        except (AttributeError, TypeError, ValueError):
-            known = False
-        _TAKES_KV[cls] = known
-    return known
+    return reserve(request, kv) if kv is not None and _takes(type(scheduler), "kv_reservation", "kv") \
+        else reserve(request)
 
 
 def pull_reservation(scheduler, request, spec, longest: int, kv=None) -> int:
