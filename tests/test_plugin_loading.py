@@ -37,6 +37,15 @@ def write_module(folder: Path, name: str, body: str, modules: list[str]) -> None
     plugin_packages.write_module(folder, name, HEADER + textwrap.dedent(body), modules)
 
 
+def installed_catalog(folder: Path, monkeypatch, *dists: tuple[str, str, dict]):
+    """The catalog (and its warnings) with ``dists`` -- ``(package, version, entry points)`` -- faked
+    as installed in ``folder`` (its modules written there already), put on ``sys.path``."""
+    for package, version, entry_points in dists:
+        make_dist(folder, package, version, entry_points)
+    monkeypatch.syspath_prepend(str(folder))
+    return catalog_and_warnings()
+
+
 def catalog_and_warnings(*args, **kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -133,9 +142,8 @@ def test_a_name_an_installed_plugin_that_failed_to_load_may_have_had_says_so(tmp
     of it (review s81 plugin, finding 5)."""
     site = tmp_path / "site"
     site.mkdir()
-    make_dist(site, "shortest-prompt", "0.1", {"shortest": "shortest_prompt_missing_xyz"})
-    monkeypatch.syspath_prepend(str(site))
-    catalog, said = catalog_and_warnings()
+    catalog, said = installed_catalog(site, monkeypatch, ("shortest-prompt", "0.1",
+                                                          {"shortest": "shortest_prompt_missing_xyz"}))
     assert len(said) == 1 and "failed to load and is left out: ModuleNotFoundError" in said[0], said
     for kind in ("scheduler", "cost_model", "kv_cache"):
         with pytest.raises(UnknownPluginError) as err:
@@ -161,10 +169,8 @@ def test_a_name_two_installed_packages_claim_names_neither(tmp_path, monkeypatch
         def schedlab_register_schedulers(register):
             register("claimed", StaticScheduler, config=StaticConfig)
         """, modules)
-    make_dist(site, "claim-one", "1.0", {"one": "first_claim_mod"})
-    make_dist(site, "claim-two", "2.0", {"two": "second_claim_mod"})
-    monkeypatch.syspath_prepend(str(site))
-    catalog, said = catalog_and_warnings()
+    catalog, said = installed_catalog(site, monkeypatch, ("claim-one", "1.0", {"one": "first_claim_mod"}),
+                                      ("claim-two", "2.0", {"two": "second_claim_mod"}))
     schedulers = catalog["scheduler"]
     assert len(said) == 1 and "DuplicateNameError: scheduler 'claimed' is registered twice" in said[0], said
     assert "claimed" not in schedulers
@@ -228,9 +234,8 @@ def test_two_packages_with_the_same_entry_point_name_are_both_loaded(tmp_path, m
             def schedlab_register_schedulers(register):
                 register("edf-{package}", StaticScheduler, config=StaticConfig)
             """, modules)
-        make_dist(tmp_path, f"edf-{package}", "1.0", {"edf": f"edf_{package}"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    catalog, said = catalog_and_warnings()
+    catalog, said = installed_catalog(tmp_path, monkeypatch, *((f"edf-{package}", "1.0", {"edf": f"edf_{package}"})
+                                                               for package in ("one", "two")))
     assert said == []
     assert catalog["scheduler"].get("edf-one").provider == "edf-one 1.0"
     assert catalog["scheduler"].get("edf-two").provider == "edf-two 1.0"
@@ -258,10 +263,8 @@ def test_two_packages_naming_one_module_are_named_in_a_warning(tmp_path, monkeyp
         def schedlab_register_schedulers(register):
             register("shared", StaticScheduler, config=StaticConfig)
         """, modules)
-    make_dist(tmp_path, "shared-a", "1.0", {"edf": "shared_mod"})
-    make_dist(tmp_path, "shared-b", "2.0", {"edf": "shared_mod"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    catalog, said = catalog_and_warnings()
+    catalog, said = installed_catalog(tmp_path, monkeypatch, ("shared-a", "1.0", {"edf": "shared_mod"}),
+                                      ("shared-b", "2.0", {"edf": "shared_mod"}))
     assert "shared" in catalog["scheduler"]
     assert len(said) == 1 and "package shared-a 1.0" in said[0] and "package shared-b 2.0" in said[0], said
 
@@ -290,9 +293,7 @@ def test_a_listed_module_whose_hook_has_a_misnamed_parameter_is_one_clear_error(
 def test_an_installed_plugin_whose_hook_has_a_misnamed_parameter_is_left_out_saying_so(tmp_path, monkeypatch,
                                                                                         modules):
     write_module(tmp_path, "misnamed_inst", MISNAMED, modules)
-    make_dist(tmp_path, "misnamed-pkg", "0.1", {"misnamed": "misnamed_inst"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    catalog, said = catalog_and_warnings()
+    catalog, said = installed_catalog(tmp_path, monkeypatch, ("misnamed-pkg", "0.1", {"misnamed": "misnamed_inst"}))
     assert "misnamed" not in catalog["scheduler"]
     assert said == ["plugin 'misnamed' of package misnamed-pkg 0.1 (misnamed = misnamed_inst) failed to load and "
                     f"is left out: {MISNAMED_TEXT}"]
@@ -397,9 +398,7 @@ def test_a_listed_module_whose_hook_returns_a_value_is_an_error(tmp_path, module
 
 def test_an_installed_plugin_whose_hook_returns_a_value_is_warned_about(tmp_path, monkeypatch, modules):
     write_module(tmp_path, "returns_inst", RETURNS, modules)
-    make_dist(tmp_path, "returns-pkg", "0.1", {"returns": "returns_inst"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    _, said = catalog_and_warnings()
+    _, said = installed_catalog(tmp_path, monkeypatch, ("returns-pkg", "0.1", {"returns": "returns_inst"}))
     assert len(said) == 1 and said[0].startswith("plugin 'returns' of package returns-pkg 0.1 (returns = "
                                                  "returns_inst): schedlab_register_schedulers of module "
                                                  "'returns_inst' returned a dict ("), said
