@@ -680,8 +680,9 @@ class RooflineCostModel:
 
     def work(self, batch: Batch) -> tuple[float, float]:
         """``(bytes, flops)`` one rank reads from its memory and computes in an iteration of
-        ``batch``, the quantities this model times (power models divide them by the peak rates
-        and the iteration's duration to get the memory and compute utilisations):
+        ``batch``, the quantities this model times but the LM head's FLOPs (power models divide
+        them by the peak rates and the iteration's duration to get the memory and compute
+        utilisations; :mod:`.work` says why the LM head's are left out):
 
         * bytes: the weights this iteration reads (dense ones, and the experts some token
           picked), the KV the decodes attend over and the cached context a prefill chunk's
