@@ -204,15 +204,77 @@ def test_a_radix_host_tier_no_larger_than_the_gpu_pool_is_refused(validated, tab
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_window_model_hits_its_prefix_in_the_host_tier(engine):
-    # s3: gpt-oss-20b (128-token window layers) on an H100 with vLLM's hybrid KV manager, 70 GPU
-    # blocks, 100 host blocks. Each request's 20 prefix blocks go to the host as computed, with the
-    # window KV of the 8 before its replay boundary (20 - ceil(127 / 16) .. 19); 4 x 20 = 80 fit, so
-    # the second A finds its whole 320-token prefix: 20 blocks on the host, window included.
+@pytest.mark.parametrize("host_blocks", [112, 111])
+def test_a_window_model_hits_its_prefix_in_the_host_tier(engine, host_blocks):
+    # s3: gpt-oss-20b (128-token window layers, one window group) on an H100 with vLLM's hybrid KV
+    # manager, 70 GPU blocks. Each request's 20 prefix blocks go to the host as computed, with the
+    # window KV of the 8 before its replay boundary (20 - ceil(127 / 16) .. 19): a page of the window
+    # group each, 28 pages a request (review kvtier82: they took none). 4 x 28 = 112 fit, so the
+    # second A finds its whole 320-token prefix on the host and reloads 20 + 8 pages; in 111 the
+    # last copy evicts A's first block, and A finds nothing.
     kv = build_paged(PagedConfig(model="gpt-oss-20b", gpu="h100-80gb", num_blocks=70, block_size=16,
-                                 prefix_caching=True, host_blocks=100), presets())
+                                 prefix_caching=True, host_blocks=host_blocks), presets())
+    assert kv.sizing.window.groups == 1
     scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=1024))
     result = run_engine(abcda(320), scheduler, LinearCostModel(COST), kv, engine=engine)
     p = result.metrics["prefix_cache"]
-    assert p["hits"] == 320 and p["hits"] == p["gpu_hits"] + p["host_hits"] and p["host_hits"] > 0
+    if host_blocks == 112:
+        assert (p["hits"], p["gpu_hits"], p["host_hits"]) == (320, 0, 320)
+        assert (p["host_loaded_blocks"], p["host_stored_blocks"], p["host_evicted_blocks"]) == (28, 112, 0)
+    else:
+        assert p["hits"] == 0 and p["host_stored_blocks"] == 5 * 28
+        assert p["host_evicted_blocks"] == 5 * 28 - 111
     kv.check_invariants()
+
+
+# --- review kvtier82: a window copy's pages --------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("groups, pages", [(1, 7 + 4 * 1), (3, 7 + 4 * 3)])
+def test_a_host_reload_moves_the_window_pages_its_copies_carry(engine, groups, pages):
+    # 4-token blocks of 1 MiB over a link of one block a ms, a 16-token window in ``groups`` groups: a
+    # hit needs the window blocks of its last ceil(15 / 4) = 4 positions. A computes a 40-token
+    # prefix (written through), B pushes it off the GPU, the second A finds 36 tokens: 7 blocks
+    # on the host (2 still on the GPU), the last 4 with their window KV -- 7 + 4 x groups pages, a ms
+    # each. (The window pages were loaded free: 7 ms whatever the groups.)
+    from schedlab.kv_window import SlidingWindow
+
+    def request(i, t, hashes):
+        return Request(i, float(t), 40, 1, block_hashes=tuple(hashes), hash_block_tokens=4)
+
+    requests = [request(0, 0, range(100, 110)), request(1, 100, range(200, 210)), request(2, 200, range(100, 110))]
+    host = HostTier(64, bytes_per_block=2 ** 20, link_gbps=2 ** 20 / 1e6, write_policy="write_through")
+    kv = PrefixKVCache(10 + 10 * groups + 2, 4, window=SlidingWindow(groups, 16, 4), host=host, bytes_per_block=2 ** 20)
+    result = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=1, allocation="grow")),
+                        LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0)), kv,
+                        engine=engine)
+    assert list(result.requests["cached_tokens"]) == [0, 0, 36]
+    assert result.counters["host_load_blocks"] == pages
+    assert result.counters["host_load_ms"] == pytest.approx(pages)
+    host.check_invariants()
+
+
+def test_a_window_copy_takes_its_pages_of_the_tier():
+    # 5 pages: a plain block (1), a window copy of 2 groups (3) -> 4 held; a third key (1) fits,
+    # a window copy more (3) evicts the two oldest (1 + 3 pages); a held key gaining its window
+    # pages evicts others, never itself.
+    host = HostTier(5)
+    host.store("a", 0)
+    host.store("b", 1, window=2)
+    host.store("c", 2)
+    assert (host.used, host.lru_keys(), host.evicted) == (5, ["a", "b", "c"], 0)
+    host.store("d", 3, window=2)
+    assert (host.used, host.lru_keys(), host.evicted) == (4, ["c", "d"], 4)
+    host.store("c", 2, window=2)    # c is the oldest: room for its 2 pages would evict c itself
+    assert (host.used, host.has_window("c"), host.lru_keys(), host.evicted) == (4, False, ["c", "d"], 4)
+    host.store("e", 4)
+    host.store("e", 4, window=2)    # e gains 2 pages: c (1) and d (3) go
+    assert (host.used, host.has_window("e"), host.lru_keys(), host.evicted) == (3, True, ["e"], 8)
+    host.load(["e"])
+    assert host.loaded == 3
+    assert host.stored == host.used + host.evicted == 11
+    host.check_invariants()
+    tiny = HostTier(2)
+    tiny.store("w", 0, window=2)     # a tier too small for the copy keeps the block alone
+    assert (tiny.used, tiny.has_window("w")) == (1, False)

@@ -20,7 +20,9 @@ prefix-cache identities (vLLM 0.33 ``v1/kv_offload``, SGLang ``HostKVCache``), a
   most recently used (touched while the load runs, then freed to the tail of the queue);
 * with window layers (vLLM's hybrid KV manager) a copy carries the window KV of the positions
   the GPU keeps it for (``has_window``), as the ``OffloadingConnector`` offloads and looks up
-  the window groups too.
+  the window groups too: a page of each window group beside the full-attention page, so such a
+  copy takes ``1 + groups`` of the tier's blocks, and its reload moves them all. The tier's
+  capacity and its counters (stored, evicted, loaded, dropped) are in those pages.
 
 The same component serves SGLang's radix cache as HiCache does (``hiradix_cache.py``).
 
@@ -55,7 +57,7 @@ EVICT_COUNTER = "host_evictions"
 class HostTier:
     """An LRU of block keys in host memory, ``capacity`` blocks of ``bytes_per_block`` bytes.
 
-    :ivar stored: blocks copied to the tier.
+    :ivar stored: blocks copied to the tier (window pages included, as every count here).
     :ivar evicted: blocks dropped from the tier to make room.
     :ivar loaded: blocks loaded back to the GPU.
     :ivar dropped: blocks dropped by :meth:`reset_prefix_cache` (a restart).
@@ -72,7 +74,9 @@ class HostTier:
         #: holds duplicates of GPU blocks), "write_back": when the GPU evicts it (see the module doc)
         self.write_policy = write_policy
         self.write_through = write_policy == "write_through"
-        self._win: set = set()  # keys whose window-layer KV was copied too (models with window layers)
+        #: keys whose window-layer KV was copied too (models with window layers) -> its pages
+        self._win: dict = {}
+        self._used = 0  # pages held: a block each, and each window copy's pages
         self.bytes_per_block = bytes_per_block
         self.link_gbps = link_gbps
         self.latency_us = latency_us
@@ -91,6 +95,11 @@ class HostTier:
     def __len__(self) -> int:
         return len(self._lru)
 
+    @property
+    def used(self) -> int:
+        """Blocks (pages) held: one per key, and the window pages its copy carries."""
+        return self._used
+
     def index_of(self, key: tuple) -> int | None:
         """The block index ``key`` was stored at, or None if the tier does not hold it."""
         return self._lru.get(key)
@@ -106,41 +115,64 @@ class HostTier:
         """Whether the copy of ``key`` carries its window layers' KV too."""
         return key in self._win
 
-    def store(self, key: tuple, index: int, window: bool = False) -> None:
+    def store(self, key: tuple, index: int, window: int = 0) -> None:
         """Copy a block (computed, under write-through; evicted by the GPU, under write-back); a key
-        already held stays where it is. ``window``: its window layers' KV is copied with it."""
+        already held stays where it is. ``window``: the pages of its window layers' KV copied with
+        it (one per window group; 0: none) -- a held key without them gains them."""
         lru = self._lru
-        if key in lru or not self.capacity:
-            if window and key in lru:
-                self._win.add(key)
+        if not self.capacity:
             return
-        if len(lru) >= self.capacity:
-            gone, _ = lru.popitem(last=False)
-            self._win.discard(gone)
-            self.evicted += 1
-            if self._counters is not None:
-                self._counters[EVICT_COUNTER] += 1
+        if key in lru:
+            if window and key not in self._win and self._make_room(window, keep=key):
+                self._win[key] = window
+                self._count_store(window)
+            return
+        if 1 + window > self.capacity:  # (a tier too small for a window copy keeps the block alone)
+            window = 0
+        self._make_room(1 + window)
         lru[key] = index
         if window:
-            self._win.add(key)
-        self.stored += 1
+            self._win[key] = window
+        self._count_store(1 + window)
+
+    def _make_room(self, pages: int, keep: tuple | None = None) -> bool:
+        """Evict the least recently used copies until ``pages`` more fit; False (nothing evicted
+        past it) when that would evict ``keep``."""
+        lru = self._lru
+        while self._used + pages > self.capacity:
+            gone = next(iter(lru))
+            if gone == keep:
+                return False
+            del lru[gone]
+            freed = 1 + self._win.pop(gone, 0)
+            self._used -= freed
+            self.evicted += freed
+            if self._counters is not None:
+                self._counters[EVICT_COUNTER] += freed
+        return True
+
+    def _count_store(self, pages: int) -> None:
+        self._used += pages
+        self.stored += pages
         if self._counters is not None:
-            self._counters[STORE_COUNTER] += 1
+            self._counters[STORE_COUNTER] += pages
 
     def load(self, keys) -> None:
-        """Load held blocks back to the GPU: each becomes the most recently used."""
-        lru = self._lru
+        """Load held blocks back to the GPU (with the window pages their copies carry): each
+        becomes the most recently used."""
+        lru, win = self._lru, self._win
         n = 0
         for key in keys:
             lru.move_to_end(key)
-            n += 1
+            n += 1 + win.get(key, 0)
         self.loaded += n
 
     def reset_prefix_cache(self) -> None:
         """Drop every copy: the host memory of an engine process that stopped (an autoscaled
         instance's restart; its GPU cache's ``reset_prefix_cache`` calls this). The counters go
         on: the copies count as ``dropped``, not evicted."""
-        self.dropped += len(self._lru)
+        self.dropped += self._used
+        self._used = 0
         self._lru.clear()
         self._win.clear()
 
@@ -150,7 +182,9 @@ class HostTier:
         return list(self._lru)
 
     def check_invariants(self) -> None:
-        assert 0 <= len(self._lru) <= self.capacity, (len(self._lru), self.capacity)
-        assert self._win <= self._lru.keys(), "a window copy without its block"
-        assert self.stored == len(self._lru) + self.evicted + self.dropped, (
-            self.stored, len(self._lru), self.evicted, self.dropped)
+        assert self._used == len(self._lru) + sum(self._win.values()), (self._used, len(self._lru))
+        assert 0 <= self._used <= self.capacity, (self._used, self.capacity)
+        assert self._win.keys() <= self._lru.keys(), "a window copy without its block"
+        assert all(pages > 0 for pages in self._win.values()), "a window copy of no pages"
+        assert self.stored == self._used + self.evicted + self.dropped, (
+            self.stored, self._used, self.evicted, self.dropped)

@@ -82,11 +82,12 @@ Simplifications (documented, deliberate):
 
 Host tier. With a :class:`~.host_tier.HostTier` (``host``), an identified block is copied to
 host memory when it is identified (``write_through``) or when the free queue evicts it
-(``write_back``), with its window KV if it keeps one, and a lookup continues there where the
-GPU's hit ends, block by block, as vLLM 0.33 asks its ``OffloadingConnector`` after the GPU lookup
-(``get_num_new_matched_tokens(request, num_computed_tokens)``: consecutive hits from the GPU's
-end): :meth:`PrefixKVCache.cached_tokens` counts both tiers, and an admission loads the host
-blocks into fresh GPU blocks that take their keys (the engine charges the reload time). The
+(``write_back``), with its window KV if it keeps one (a page per window group more), and a
+lookup continues there where the GPU's hit ends, block by block, as vLLM 0.33 asks its
+``OffloadingConnector`` after the GPU lookup (``get_num_new_matched_tokens(request,
+num_computed_tokens)``: consecutive hits from the GPU's end): :meth:`PrefixKVCache.cached_tokens`
+counts both tiers, and an admission loads the host blocks into fresh GPU blocks that take their
+keys (the engine charges the reload time, window pages and all). The
 GPU's hit stops a block short of a prompt of whole blocks (``num_tokens - 1``), the host's does
 not (``num_tokens // block_size`` blocks): a prompt whose last block is on the host loads it and
 computes its last token again (the scheduler's ``num_computed_tokens -= 1`` once the load is in),
@@ -199,6 +200,8 @@ class PrefixKVCache(PagedKVCache):
         self._need = -(-(window.tokens - 1) // block_size) if window is not None else 0
         self._full_hit: tuple = (None, -1, 0)  # (sequence, epoch, full-attention hit in blocks) of the last lookup
         self.host = host  # a HostTier, or None
+        #: the pages a block's host copy adds when it carries its window KV: one per window group
+        self._window_pages = window.groups if window is not None else 0
         self.evictions = 0
         self.epoch = 0
         self.hash_lookahead = 0
@@ -470,7 +473,7 @@ class PrefixKVCache(PagedKVCache):
             if window and self._window_mask(j, request.prompt_tokens, chain.junction):
                 block.win = self._table[key].win = True  # (a duplicate's: found under the key)
             if write_through:  # copied to the host as it is computed (vLLM's OffloadingConnector)
-                host.store(key, j, block.win)
+                host.store(key, j, self._window_pages if block.win else 0)
             blocks.append(block)
             added = True
             j += 1
@@ -595,7 +598,7 @@ class PrefixKVCache(PagedKVCache):
                 if window:
                     block.win = self._window_mask(j, request.prompt_tokens, chain.junction)
                 if self.host is not None and self.host.write_through:
-                    self.host.store(block.key, j, block.win)
+                    self.host.store(block.key, j, self._window_pages if block.win else 0)
                 queue[block] = None
             self.epoch += 1
         window = self._window_release(seq)
@@ -625,7 +628,8 @@ class PrefixKVCache(PagedKVCache):
                     block.win = self._window_mask(j, seq.request.prompt_tokens,
                                                   chain.junction if chain is not None else 0)
                 if self.host is not None and self.host.write_through:  # (vLLM hashed and stored them
-                    self.host.store(block.key, j, block.win)             # as computed; keyed only now)
+                    # as computed; keyed only now)
+                    self.host.store(block.key, j, self._window_pages if block.win else 0)
                 queue[block] = None
                 added = True
             if added:
@@ -708,7 +712,7 @@ class PrefixKVCache(PagedKVCache):
                 del queue[head]
                 self._unlink(head)
                 if self.host is not None and not self.host.write_through:  # write-back: copied now
-                    self.host.store(head.key, head.index, head.win)
+                    self.host.store(head.key, head.index, self._window_pages if head.win else 0)
                 evicted += 1
                 count -= 1
             elif run > count:
