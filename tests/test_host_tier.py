@@ -239,7 +239,7 @@ def test_a_decode_instance_pulls_a_whole_block_prompts_last_block_and_loads_noth
 def test_radix_evicted_nodes_go_to_the_host_tail_first_and_come_back_on_a_match():
     # B=4, 4 GPU blocks, host 6. A's 2 system-prompt blocks form one node, evicted whole.
     host = HostTier(6)
-    cache = RadixKVCache(4, 4, host=host)
+    cache = RadixKVCache(4, 4, host=host, load_back_threshold=0)  # (the tier's order, not HiCache's 10 tokens)
     a = shared(0, 9)
     admit(cache, a)
     cache.free(a)              # finished: its full blocks (g3, g7) stay in the tree, unlocked
@@ -527,7 +527,7 @@ TestHostTierMachine = HostTierMachine.TestCase
 
 
 KINDS = {"paged": lambda n, bs, host: PrefixKVCache(n, bs, host=host),
-         "radix": lambda n, bs, host: RadixKVCache(n, bs, host=host)}
+         "radix": lambda n, bs, host: RadixKVCache(n, bs, host=host, load_back_threshold=0)}
 SERVE = st.tuples(st.just("serve"), st.integers(1, 14), st.integers(0, 2))
 
 
@@ -581,7 +581,7 @@ COST = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0)
 def host_run(engine, kind="paged", host_blocks=8):
     host = HostTier(host_blocks, bytes_per_block=2 * 2 ** 20, link_gbps=4.194304, latency_us=10.0)
     kv = (PrefixKVCache(4, 4, host=host, bytes_per_block=2 * 2 ** 20, host_link_gbps=4.194304) if kind == "paged"
-          else RadixKVCache(4, 4, host=host, bytes_per_block=2 * 2 ** 20))
+          else RadixKVCache(4, 4, host=host, bytes_per_block=2 * 2 ** 20, load_back_threshold=0))
     requests = [
         Request(0, 0.0, 9, 1, prefix_group="s", prefix_tokens=8),    # computes g3, g7
         Request(1, 10.0, 15, 1),                                     # takes all 4 blocks: g7, g3 -> host

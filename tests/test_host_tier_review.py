@@ -278,3 +278,22 @@ def test_a_window_copy_takes_its_pages_of_the_tier():
     tiny = HostTier(2)
     tiny.store("w", 0, window=2)     # a tier too small for the copy keeps the block alone
     assert (tiny.used, tiny.has_window("w")) == (1, False)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("shared, cached, ttft", [(8, 0, 9 * 0.5), (9, 0, 10 * 0.5), (10, 10, 0.5 + 10.0),
+                                                  (12, 12, 0.5 + 12.0)])
+def test_hicache_computes_a_host_hit_under_ten_tokens_again(engine, shared, cached, ttft):
+    # Review kvtier82: SGLang's HiRadixCache.load_back skips a load of fewer than load_back_threshold
+    # = 10 tokens (the request computes them). One-token pages (SGLang's default page_size), 0.5 ms a
+    # prompt token, a host link of a page a ms: request 1 pushes the shared prefix off the 38-token
+    # pool, request 2 finds it on the host only -- 8 or 9 tokens are computed again, 10 or more loaded.
+    requests = [Request(0, 0.0, shared + 1, 1, prefix_group="s", prefix_tokens=shared), Request(1, 100.0, 31, 1),
+                Request(2, 200.0, shared + 1, 1, prefix_group="s", prefix_tokens=shared)]
+    host = HostTier(200, bytes_per_block=2 ** 20, link_gbps=2 ** 20 / 1e6, write_policy="write_through")
+    result = run_engine(requests, SglangScheduler(SglangConfig(max_running_requests=1)),
+                        LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0)),
+                        RadixKVCache(38, 1, host=host, bytes_per_block=2 ** 20), engine=engine)
+    assert list(result.requests["cached_tokens"]) == [0, 0, cached]
+    assert result.metrics["prefix_cache"]["host_hits"] == cached == result.counters["host_load_blocks"]
+    assert float(result.requests["first_token_ms"][2] - result.requests["arrival_ms"][2]) == pytest.approx(ttft)

@@ -74,8 +74,12 @@ first, so that a prefix's head outlives its tail there (schedlab's choice: SGLan
 frees a node whole),
 and a match that ends in the tree continues in the host tier: :meth:`RadixKVCache.cached_tokens`
 counts both, and an admission loads the host blocks into fresh blocks that join the new node it
-inserts (``init_load_back``), the engine charging the reload time. Unlike HiCache, the host tier
-is a flat LRU of blocks, not host-only nodes of the same tree (see :mod:`.host_tier`).
+inserts (``init_load_back``), the engine charging the reload time -- unless the host part is
+under ``LOAD_BACK_THRESHOLD`` (10) tokens, which HiCache recomputes instead (``load_back``: "skip
+loading back if the total size is too small"; only pages under 10 tokens meet it, SGLang's default
+``page_size = 1`` among them). Unlike HiCache, the host tier is a flat LRU of blocks, not
+host-only nodes of the same tree (see :mod:`.host_tier`); its memory quota for a load-back is
+not modelled.
 
 Accounting. Blocks are in one of four states: *free* (in no node and held by no sequence),
 *evictable* (in an unlocked node), *protected* (in a locked node), or *private* (held by a
@@ -92,6 +96,10 @@ import math
 
 from .paged import blocks_for
 from .prefix import block_key, first_own_block
+
+#: HiCache's ``load_back_threshold``: a host hit of fewer tokens is computed again, not loaded
+#: (``HiRadixCache.__init__``: 10, in every variant of it)
+LOAD_BACK_THRESHOLD = 10
 
 
 class _Node:
@@ -188,10 +196,13 @@ class RadixKVCache:
     #: the request has committed); the engines count it as computed at the release
     caches_overshoot = True
 
-    def __init__(self, num_blocks: int, block_size: int = 16, *, host=None, bytes_per_block: int = 0):
+    def __init__(self, num_blocks: int, block_size: int = 16, *, host=None, bytes_per_block: int = 0,
+                 load_back_threshold: int = LOAD_BACK_THRESHOLD):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.host = host                # a HostTier, or None
+        #: a host hit of fewer tokens is computed again (HiCache's; 0: any hit is loaded)
+        self.load_back_threshold = load_back_threshold
         self.bytes_per_block = bytes_per_block
         self.evictions = 0
         self.epoch = 0
@@ -318,7 +329,9 @@ class RadixKVCache:
         keys = self._keys(seq, self._hold(seq), limit)
         reached = self._match(self.root, 0, keys, limit, visible=True)[1]
         if self.host is not None and reached < limit:
-            reached = self._host_run(keys, reached, limit)
+            host = self._host_run(keys, reached, limit)
+            if (host - reached) * self.block_size >= self.load_back_threshold:
+                reached = host
         return reached * self.block_size
 
     def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> _Step:
