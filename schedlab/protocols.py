@@ -156,8 +156,11 @@ class CostModel(Protocol):
       for a step whose ``D`` ranks run ``tokens[r]`` tokens each (dispatch, the busiest GPU's
       experts, combine), or None for a model without routed experts (its ranks do not step
       together). The engine times a step as the largest rank part plus the experts
-      (:mod:`schedlab.engine.lockstep`) and asks ``decode_step_increment`` for a rank part's
-      growth in a decode run, the experts' part depending only on the tokens. With ``[power]``
+      (:mod:`schedlab.engine.lockstep`) and asks ``rank_step_increment(batch)`` (optional, as
+      ``decode_step_increment`` but of ``rank_ms``; ``decode_step_increment`` when absent, which
+      is right only where the part without the experts meets the host's floor exactly when the
+      whole iteration does) for a rank part's growth in a decode run, the experts' part depending
+      only on the tokens. With ``[power]``
       the ranks' work is split alike: ``rank_work(batch)``, the ``(bytes, flops)`` of one GPU's
       own part, and ``experts_work(tokens)``, one GPU's share of the step's experts -- the mean
       GPU's, what power models meter every GPU at (at one rank the two add up to ``work``);

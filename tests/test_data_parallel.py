@@ -10,7 +10,9 @@ rank with nothing to do runs a dummy batch: one decode, 8 ms.
 
 from __future__ import annotations
 
+import math
 import textwrap
+from pathlib import Path
 
 import attrs
 
@@ -19,15 +21,19 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from schedlab.capacity import Presets
+from schedlab.catalog import load_catalog
 from schedlab.errors import ConfigError
 from schedlab.model import Request
+from schedlab.parallelism import Parallelism
+from schedlab.protocols import Batch
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (
     RecordingRouter, blocks_for_largest, check_clients_gave_up, check_run, compare_runs, dyadic_linear_costs,
     examples, fast_run_agreeing_with_reference, requests_lists, run_engine, small_closed_loop,
 )
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
-from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
                                       RoundRobinRouter)
@@ -755,3 +761,64 @@ def test_a_class_rank_router_names_the_ranks_of_a_deployment(tmp_path):
     with pytest.raises(ConfigError, match=r"\[cluster.rank_router\]: classes.default lists rank 2, but each deployment "
                                           r"has 2 ranks \(indices 0 to 1\)"):
         load(write(tmp_path, text))
+
+
+# --- review multigpu82: a rank part at the host's floor in a decode run ---------------------------
+
+RANK_FLOOR = """
+    [experiment]
+    name = "rank floor"
+    [workload]
+    kind = "synthetic"
+    num_requests = 64
+    rate = 1e6
+    prompt = {dist = "fixed", value = 64}
+    output = {dist = "fixed", value = 100}
+    [scheduler]
+    kind = "vllm"
+    [cluster]
+    data_parallel = 2
+    expert_parallel = true
+    [kv_cache]
+    kind = "paged"
+    model = "qwen3-30b-a3b"
+"""
+
+PROFILED_QWEN3_MOE = (Path(__file__).parent.parent / "experiments/data/llmservingsim/profiles/RTXPRO6000/Qwen/"
+                      "Qwen3-30B-A3B-Instruct-2507/bf16")
+
+
+@pytest.mark.parametrize("gpu, cost_model", [
+    ("h100-80gb", 'kind = "roofline"\ncuda_graphs = false'),
+    ("h100-80gb", 'kind = "roofline"\ncuda_graph_max_tokens = 8'),
+    ("rtx-pro-6000-server", f'kind = "profiled"\nprofile = "{PROFILED_QWEN3_MOE}"\ncuda_graphs = false'),
+], ids=["roofline eager", "roofline small graphs", "profiled eager"])
+def test_a_ranks_part_on_the_hosts_floor_grows_as_the_reference_engine_times_it(tmp_path, gpu, cost_model):
+    """The fast engine's bulk decode runs grew each rank's part by the whole iteration's increment
+    (the experts' too): in eager mode a rank's part without the experts sits at the host's floor
+    while the iteration is past it, and the fast engine's answers ended 5 ms late. Each rank part
+    now grows by its own increment (``rank_step_increment``), and the run must be the reference's."""
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RANK_FLOOR) + f'gpu = "{gpu}"\n[cost_model]\nmodel = "qwen3-30b-a3b"\n'
+                    f'gpu = "{gpu}"\n{cost_model}\n')
+    run = fast_run_agreeing_with_reference(path)
+    assert len(run.requests["finish_ms"]) == 64 and run.meta["data_parallel"]["steps"] >= 100
+
+
+def test_the_rooflines_rank_increment_is_its_rank_parts_growth():
+    """Direct: over 50 steps of a decode run a rank's part grows by what ``rank_step_increment`` says
+    (0 at the host's floor), where ``decode_step_increment`` says the whole iteration's growth."""
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    cost = RooflineCostModel(presets.model("qwen3-30b-a3b"), presets.gpu("h100-80gb"),
+                             RooflineConfig(model="qwen3-30b-a3b", gpu="h100-80gb", cuda_graphs=False),
+                             parallelism=Parallelism(data_parallel=2, expert_parallel=True))
+    for n in (16, 64):
+        batch = Batch(num_decode=n, decode_context_tokens=100 * n, decode_context_max=100, decode_context_min=100)
+        later = Batch(num_decode=n, decode_context_tokens=150 * n, decode_context_max=150, decode_context_min=150)
+        grown = cost.rank_ms(later) - cost.rank_ms(batch)
+        inc = cost.rank_step_increment(batch)
+        inc, steps = inc if type(inc) is tuple else (inc, math.inf)
+        assert steps >= 50 and grown == pytest.approx(50 * inc, abs=1e-9)
+        whole = cost.decode_step_increment(batch)
+        whole = whole[0] if type(whole) is tuple else whole
+        assert whole > 0.0 and grown < 50 * whole   # (the iteration's own growth: the bug's increment)

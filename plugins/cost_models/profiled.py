@@ -440,6 +440,27 @@ class ProfiledCostModel:
         """For a decode-only batch: the per-step growth of attention time and how many steps
         it holds (until the mean or longest context crosses a grid point, the longest crosses
         a skew bucket, or the skew term changes sign)."""
+        piece = self._decode_piece(batch)
+        if piece is None:
+            return None
+        inc, steps = piece
+        return self.step.decode_increment(self._last_gpu[1], inc, steps, batch.num_decode, batch.num_decode)
+
+    def rank_step_increment(self, batch: Batch) -> tuple[float, int] | None:
+        """:meth:`decode_step_increment` of a data-parallel rank's part (:meth:`rank_ms`): its
+        kernels without the MoE layers' experts, which may leave it at the host's floor while the
+        whole iteration is past it (the experts' part depends on the tokens alone)."""
+        piece = self._decode_piece(batch)
+        if piece is None:
+            return None
+        inc, steps = piece
+        n = batch.num_decode
+        gpu = self._last_gpu[1] - (self.layers * self.moe_ms(n) if self.bundle.is_moe else 0.0)
+        return self.step.decode_increment(gpu, inc, steps, n, n)
+
+    def _decode_piece(self, batch: Batch) -> tuple[float, int] | None:
+        """The kernels' growth a step over a decode run and how many steps it holds (None: not a
+        decode-only batch); times ``batch`` first, so that ``_last_gpu`` is its GPU time."""
         n = batch.num_decode
         if batch.prefill_tokens or batch.spec_tokens or not n:
             return None
@@ -472,7 +493,7 @@ class ProfiledCostModel:
             elif gap_slope > 0.0:  # no correction yet; it starts when the gap turns positive
                 end = min(end, math.floor(-gap / gap_slope))
         steps = math.floor(end) + 1 if end < math.inf else 1 << 62
-        return self.step.decode_increment(self._last_gpu[1], self.layers * inc, steps if steps > 1 else 1, n, n)
+        return self.layers * inc, steps if steps > 1 else 1
 
 
 def build_profiled(config: ProfiledConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> ProfiledCostModel:

@@ -515,9 +515,19 @@ class RooflineCostModel:
         prefill runs or drafts are verified."""
         if batch.prefill_tokens or batch.spec_tokens:
             return None
+        return self._decode_increment(batch, self.gpu_ms(batch, batch.num_decode))
+
+    def rank_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
+        """:meth:`decode_step_increment` of a data-parallel rank's part (:meth:`rank_ms`): its
+        kernels without the routed experts, which may leave it at the host's floor while the whole
+        iteration is past it (the experts' part depends on the tokens alone)."""
+        if batch.prefill_tokens or batch.spec_tokens:
+            return None
+        return self._decode_increment(batch, self.rank_kernel_ms(batch))
+
+    def _decode_increment(self, batch: Batch, gpu: float) -> float | tuple[float, int]:
         n = batch.num_decode
-        inc = n * self._decode_ms_per_token
-        inc, steps = self.step.decode_increment(self.gpu_ms(batch, n), inc, math.inf, n, n)
+        inc, steps = self.step.decode_increment(gpu, n * self._decode_ms_per_token, math.inf, n, n)
         return inc if steps == math.inf else (inc, steps)
 
     # --- parts ----------------------------------------------------------------------------------

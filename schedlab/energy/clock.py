@@ -458,7 +458,7 @@ class ClockedCostModel:
         model's increment (as the cluster takes it without a clock) and the stretch's, held while
         the sides of the law's ``max`` terms stay the same. None with the governor: its steps are
         chosen one at a time."""
-        inner = getattr(self.inner, "decode_step_increment", None)
+        inner = getattr(self.inner, "rank_step_increment", None) or getattr(self.inner, "decode_step_increment", None)
         if self.fixed is None or inner is None:  # (speculative decoding: steps all unlike)
             return None
         base = inner(batch)
