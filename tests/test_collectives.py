@@ -102,6 +102,23 @@ def test_a_ring_leaving_its_nvlink_island_runs_at_the_pcie_rate():
     assert Collectives(pairs, 2).all_reduce_ms(size) == pytest.approx((8.4 + 2 * 3.4 + size / 196e3) * 1e-3)
 
 
+@pytest.mark.parametrize("stride, link", [(1, "nvlink"), (2, "pcie"), (4, "pcie")])
+def test_a_group_strided_over_nvlink_pairs_leaves_its_pair(stride, link):
+    """Review multigpu82: a data-parallel group holds one GPU of each rank, ``tensor_parallel`` apart
+    (vLLM gives rank r GPUs [r tp, (r + 1) tp)); at DP 2 x TP 2 on NVLink pairs it is {0, 2} and
+    {1, 3}, across the pairs: its all-gather of 64 MB runs at the PCIe 48 GB/s with PCIe's hops,
+    8.4 + 5.7 (one step) + 64 MB / 2 / 48 GB/s -- it took the pair's 196 GB/s. GPUs 0 and 1 share a pair."""
+    group = Collectives(TOPOLOGIES["nvlink-pairs-h100"], 2, 2, stride=stride)
+    size = 64 * 2 ** 20
+    assert group._link == link
+    if link == "pcie":
+        assert group.all_gather_ms(size) == pytest.approx((8.4 + 5.7 + size / 2 / 48e3) * 1e-3)
+    else:
+        assert group.all_gather_ms(size) == Collectives(TOPOLOGIES["nvlink-pairs-h100"], 2).all_gather_ms(size)
+    # on a DGX the strided group stays on its NVSwitch
+    assert Collectives(TOPOLOGIES["dgx-h100"], 2, 2, stride=4)._link == "nvlink"
+
+
 def test_h100_pcie_at_tensor_parallel_8_stays_in_one_server():
     """The H100 PCIe's usual machine was Vidur's 4-GPU box: tensor parallel 8 spanned two over
     its 3 GB/s network (a 70B prefill 10x slower than at TP 4). It is now a server of 8 such
@@ -352,6 +369,18 @@ def test_ranks_beyond_a_node_need_a_network():
                                "\"pcie-gen5-host\", network_gbps = 25}, or keep the layout within a node")
     # what it says to write works
     assert Collectives(topology({"like": "pcie-gen5-host", "network_gbps": 25}), 16).all_reduce_ms(2 ** 20) > 0
+
+
+@pytest.mark.parametrize("spec", [{"link": "host", "bus_gbps": 12.0, "gpus_per_node": 1},
+                                  {"like": "pcie-gen5-host", "bus_gbps": 30.0}])
+def test_a_machine_from_a_table_is_told_to_add_a_network_to_its_table(spec):
+    # review multigpu82: it was told to write {like = "custom", ...} or {like = "pcie-gen5-host (changed)", ...},
+    # names no preset has
+    machine_ = topology(spec)
+    with pytest.raises(ConfigError) as info:
+        Collectives(machine_, 16)
+    assert "give one, network_gbps = 25 in the interconnect table, or keep the layout within a node" in str(info.value)
+    assert Collectives(topology({**spec, "network_gbps": 25}), 16).all_reduce_ms(2 ** 20) > 0
 
 
 # --- against measured NCCL timings ---------------------------------------------------------------

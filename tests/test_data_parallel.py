@@ -822,3 +822,16 @@ def test_the_rooflines_rank_increment_is_its_rank_parts_growth():
         whole = cost.decode_step_increment(batch)
         whole = whole[0] if type(whole) is tuple else whole
         assert whole > 0.0 and grown < 50 * whole   # (the iteration's own growth: the bug's increment)
+
+
+@pytest.mark.parametrize("tensor_parallel, link", [(1, "nvlink"), (2, "pcie"), (4, "pcie")])
+def test_the_experts_dispatch_between_nvlink_pairs_takes_pcie(tensor_parallel, link):
+    """Review multigpu82: on an H100 PCIe server (NVLink pairs, its usual machine) DP 2 x TP 2 puts
+    the ranks on GPUs {0, 1} and {2, 3}, so each data-parallel group, {0, 2} or {1, 3}, crosses the
+    pairs: its dispatch and combine run over PCIe (they took the pair's NVLink, half the time)."""
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    cost = RooflineCostModel(presets.model("qwen3-30b-a3b"), presets.gpu("h100-pcie-80gb"),
+                             RooflineConfig(model="qwen3-30b-a3b", gpu="h100-pcie-80gb",
+                                            tensor_parallel=tensor_parallel),
+                             parallelism=Parallelism(data_parallel=2, expert_parallel=True))
+    assert cost.expert_layers.collectives._link == link

@@ -324,7 +324,10 @@ B200_LATENCY = {"base_us": 7.8, "hop_us": 1.3}
 class Collectives:
     """Collective times over ``ranks`` GPUs of a :class:`Topology`, in ms (0 for one rank).
 
-    The ranks fill nodes ``ranks_per_node`` at a time (default: as many as a node holds).
+    The ranks fill nodes ``ranks_per_node`` at a time (default: as many as a node holds);
+    ``stride`` apart: rank ``k`` of a group is GPU ``i + k x stride`` (a data-parallel group of
+    one tensor-parallel index ``i``: vLLM numbers GPUs tensor-parallel first), so a group of GPUs
+    in one node may still span its islands.
 
     Byte counts follow nccl-tests: an all-reduce's buffer, an all-gather's *output* (every
     rank ends with it), a reduce-scatter's *input*, the bytes each rank sends in an all-to-all
@@ -332,7 +335,7 @@ class Collectives:
     send/recv.
     """
 
-    def __init__(self, topology: Topology, ranks: int, ranks_per_node: int | None = None):
+    def __init__(self, topology: Topology, ranks: int, ranks_per_node: int | None = None, stride: int = 1):
         if ranks < 1:
             raise ConfigError(f"collectives need at least one rank, got {ranks}")
         self.topology = t = topology
@@ -343,9 +346,12 @@ class Collectives:
                               f"(nodes of {t.gpus_per_node} GPUs)")
         self.nodes = ranks // per_node
         island = t.island_size
+        # whether every group's GPUs in a node share an island (GPUs i, i + stride, ...)
+        inside = per_node <= island and all((i + (per_node - 1) * stride) // island == i // island
+                                            for i in range(stride))
         # _bus: the all-reduce's bus bandwidth (NVLS's where NCCL runs it); _ring: a ring's
         # (all-gather, reduce-scatter) and all-to-all's, never NVLS's (Topology.ring_bus_gbps)
-        if per_node <= island:
+        if inside:
             self._link, self._bus = LINK_CLASS[t.link], t.island_bus_gbps(per_node)
             self._ring = t.ring_bus_gbps(per_node)
             self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
@@ -357,14 +363,15 @@ class Collectives:
             self._p2p = min(t.p2p_gbps or t.island_bus_gbps(2), slow)  # (a send between islands: their link)
         self._per_node = per_node
         # NCCL's own estimate picks the protocol inside an island of one node (its LL ceiling too)
-        self._nccl_bus = t.nccl_bus_gbps if self.nodes == 1 and per_node <= island else None
+        self._nccl_bus = t.nccl_bus_gbps if self.nodes == 1 and inside else None
         self._ll_max = t.nccl_ll_max_gbps if self.nodes == 1 else None
         if self.nodes > 1:
             if t.network_gbps is None:
+                give = (f"interconnect = {{like = \"{t.name}\", network_gbps = 25}}" if t.name in TOPOLOGIES
+                        else "network_gbps = 25 in the interconnect table")
                 raise ConfigError(f"topology {t.name!r}: {ranks} ranks span {self.nodes} nodes of "
                                   f"{t.gpus_per_node} GPUs but it declares no network_gbps (the link between "
-                                  f"nodes): give one, interconnect = {{like = \"{t.name}\", network_gbps = 25}}, or "
-                                  f"keep the layout within a node")
+                                  f"nodes): give one, {give}, or keep the layout within a node")
             self._bus = min(self._bus, t.network_gbps)
             self._ring = min(self._ring, t.network_gbps)
             self._p2p = t.network_gbps

@@ -100,7 +100,9 @@ class ExpertLayers:
         self._dispatch_bytes = (model.hidden_size + model.num_experts) * model.dtype_bytes
         self._combine_bytes = model.hidden_size * model.dtype_bytes
         per_node = min(d, max(1, topology.gpus_per_node // tensor_parallel))
-        self.collectives = Collectives(topology, d, per_node)
+        # a data-parallel group holds one GPU of each rank, tensor_parallel apart (vLLM gives rank r
+        # GPUs [r tp, (r + 1) tp)): across NVLink pairs at tp >= 2 on nvlink-pairs machines
+        self.collectives = Collectives(topology, d, per_node, stride=tensor_parallel)
         self._compute = compute_ms
         self.graph_tokens = graph_tokens
         self._memo: dict[tuple[int, int], float] = {}
