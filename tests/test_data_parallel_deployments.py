@@ -472,6 +472,12 @@ def test_a_dense_models_ranks_take_no_rank_router_and_do_not_scale(tmp_path):
     with pytest.raises(ConfigError, match=r"exp\.toml.*\[cluster.autoscaler\]: autoscaling a dense model's "
                                           r"data-parallel ranks \(independent instances\) is not modelled"):
         load(path)
+    # review multigpu82: the ranks' sync pacing did nothing there (the same run with and without)
+    for key in ("dp_sync_interval = 4", "dp_sync_first_step = false"):
+        path.write_text(textwrap.dedent(dense) + f"[cluster]\ndata_parallel = 2\n{key}\n")
+        with pytest.raises(ConfigError, match=r"exp\.toml.*\[cluster\]: " + key.split()[0] + r": paces data-parallel "
+                                              r"ranks stepping together, and a dense model's 2 ranks are independent"):
+            load(path)
 
 
 def test_an_autoscaler_must_count_the_deployments(tmp_path):

@@ -1189,6 +1189,10 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
                 raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling a dense model's data-parallel ranks "
                                   "(independent instances) is not modelled: leave out data_parallel and scale "
                                   "instances, or use a MoE model, whose deployments scale")
+            if cluster.dp_sync_interval is not None or not cluster.dp_sync_first_step:
+                key = "dp_sync_interval" if cluster.dp_sync_interval is not None else "dp_sync_first_step"
+                raise ConfigError(f"{where} [cluster]: {key}: paces data-parallel ranks stepping together, and a "
+                                  f"dense model's {count} ranks are independent instances: leave it out")
         for table in ("clock", "power"):  # the clock times a step's parts, as power models meter them, by their work
             if lockstep and tables.get(table) is not None:
                 _check_rank_work(cost, f"{where} [{table}]")
