@@ -951,3 +951,45 @@ def test_pipelined_instances_whose_scheduler_plans_nothing_stall_with_a_message(
 
     with pytest.raises(StallError, match="stalled at .*scheduler _Idle, 1 waiting"):
         run_pipelined([Request(0, 0.0, 8, 2)], make, 2, instances=2, router=RoundRobinRouter(), engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_sglang_out_of_blocks_behind_a_batch_in_flight_says_why_and_what_to_do(tmp_path, engine):
+    """Review multigpu82: two requests whose KV does not fit together in 80 blocks, PP 2 and the
+    ``sglang`` scheduler: the first one's blocks are held by the batch in flight, which SGLang's
+    scheduler does not see and cannot retract, so the second cannot decode -- as SGLang's own
+    ``retract_decode`` asserts. The run stops with that reason and the way out (more blocks)."""
+    from schedlab.errors import SimulationError
+
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(f"""
+        [experiment]
+        name = "pp sglang"
+        engine = "{engine}"
+        [workload]
+        kind = "inline"
+        requests = [{{prompt_tokens = 96, output_tokens = 1000, arrival_ms = 22.0}},
+                    {{prompt_tokens = 222, output_tokens = 789, arrival_ms = 380.0}}]
+        [scheduler]
+        kind = "sglang"
+        [kv_cache]
+        kind = "paged"
+        model = "qwen3-30b-a3b"
+        gpu = "h100-80gb"
+        num_blocks = NUM_BLOCKS
+        [cost_model]
+        kind = "roofline"
+        model = "qwen3-30b-a3b"
+        gpu = "h100-80gb"
+        [cluster]
+        pipeline_parallel = 2
+    """))
+    text = path.read_text()
+    path.write_text(text.replace("NUM_BLOCKS", "80"))
+    with pytest.raises(SimulationError, match=r"cannot decode even after retraction \(0/80 KV blocks free\) -- "
+                                              r"SGLang stops here too .*batch in flight hold blocks it cannot "
+                                              r"retract\): give the cache more blocks"):
+        run_experiment(load(path))
+    path.write_text(text.replace("NUM_BLOCKS", "160"))   # both fit (1,096 + 1,011 tokens: 69 + 64 blocks)
+    run = next(iter(run_experiment(load(path)).all_runs()))
+    assert list(run.requests["output_tokens"]) == [1000, 789]

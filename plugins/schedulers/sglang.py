@@ -1314,4 +1314,6 @@ class SglangScheduler:
             return
         raise SimulationError(
             f"SGLang scheduler: {len(order)} running request(s) cannot decode even after retraction "
-            f"({kv.num_free_blocks()}/{kv.num_blocks} KV blocks free)")
+            f"({kv.num_free_blocks()}/{kv.num_blocks} KV blocks free) -- SGLang stops here too (retract_decode: "
+            "'No space left for only one request'; with pipeline_parallel the requests of a batch in flight hold "
+            "blocks it cannot retract): give the cache more blocks or lower max_running_requests")
