@@ -265,3 +265,21 @@ def test_recording_adds_paths_and_their_top_level_names(tmp_path):
     assert replace_problem(out) is None
     (out / "extra" / "y.png").write_bytes(b"y")
     assert "(extra/y.png)" in replace_problem(out)
+
+
+# -- review results82: --set reports.* is what the folder keeps --------------------------------------------
+
+
+def test_set_reports_are_saved_so_plot_redraws_the_same_table(tmp_path):
+    """The reports ran with ``--set reports.table.columns=...`` but summary.json kept the file's
+    [reports] (none), and ``schedlab plot`` redrew index.html with the default columns."""
+    out = tmp_path / "res"
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out),
+                 "--set", 'reports.table.columns=["finished", "ttft_ms.p99"]']) == 0
+    saved = json.loads((out / "summary.json").read_text())["reports"]
+    assert saved == {"table": {"columns": ["finished", "ttft_ms.p99"]}}
+    page = (out / "summary.txt").read_text()
+    assert main(["plot", str(out)]) == 0
+    html = (out / "index.html").read_text()
+    assert "ttft_ms.p99" in page and "tpot_ms.p50" not in page
+    assert "ttft_ms.p99" in html and "tpot_ms.p50" not in html   # (the default columns have it)

@@ -124,7 +124,9 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
     studies = [driver.study() for driver in drivers]
     execution = {"executor": executor.description, "workers": executor.workers, "simulations": simulations,
                  "wall_s": time.perf_counter() - started_at}
-    return ExperimentResults(exp.name, str(exp.path), studies, exp.raw, execution)
+    # (the [reports.*] tables the reports ran with, --set included: `schedlab plot` redraws from them)
+    settings = {**exp.raw, "reports": exp.report_tables} if exp.report_tables or "reports" in exp.raw else exp.raw
+    return ExperimentResults(exp.name, str(exp.path), studies, settings, execution)
 
 
 def _announce_finished(hook, result: RunResult, source: str) -> None:
