@@ -95,6 +95,8 @@ from schedlab.errors import ConfigError
 #: Protocols in NCCL's order, and the share of the bus bandwidth each carries as data.
 PROTOCOLS = ("LL", "LL128", "Simple")
 PROTOCOL_EFFICIENCY = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+#: the tree's own: ``if (a == NCCL_ALGO_TREE && p == NCCL_PROTO_LL) busBw = min(busBw * 1.0 / 3.8, llMaxBw)``
+TREE_PROTOCOL_EFFICIENCY = {"LL": 1.0 / 3.8, "Simple": 1.0}
 #: ``baseLatencies``: fixed cost of one collective (kernel start, first chunk), us.
 BASE_US = {"ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
            "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}}
@@ -433,12 +435,13 @@ class Collectives:
 
     def _tree_us(self, nbytes: float) -> float:
         """Tree all-reduce across nodes (NCCL's double binary tree): a reduce up and a
-        broadcast down, ``log2(nodes)`` network hops each way; algorithm bandwidth half the bus."""
+        broadcast down, ``log2(nodes)`` network hops each way; algorithm bandwidth half the bus,
+        LL's 1 / 3.8 of it (NCCL's tree LL, not the ring's half)."""
         best = math.inf
         for p in ("LL", "Simple"):
             latency = self._base("tree", p) + 2 * ((self._per_node - 1) * self._hop("tree", p)
                                                 + math.log2(self.nodes) * self._net_hop("tree", p))
-            bw = self._bus * TREE_EFFICIENCY * PROTOCOL_EFFICIENCY[p]
+            bw = self._bus * TREE_EFFICIENCY * TREE_PROTOCOL_EFFICIENCY[p]
             best = min(best, latency + 2.0 * nbytes / (bw * 1e3))
         return best
 
