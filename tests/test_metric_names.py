@@ -4,6 +4,7 @@ and summary.json's layout against what the README documents."""
 from __future__ import annotations
 
 import json
+import textwrap
 import re
 from pathlib import Path
 
@@ -224,3 +225,63 @@ def test_a_median_or_vllm_bench_spelling_is_pointed_at_our_name(name, meant):
     """'ttft_ms.median' got 'did you mean ttft_ms.mean?' (another statistic), 'p99_ttft_ms' a group."""
     with pytest.raises(ConfigError, match=rf"^unknown metric '{name}' \(did you mean '{re.escape(meant)}'\?\)"):
         check_metric_name(name)
+
+
+# --- review results82: a class or client named with a dot ----------------------------------------------
+
+
+def test_a_name_with_dots_is_found_whole():
+    from schedlab.results.metrics import metric_at
+
+    metrics = {"per_class": {"gpt-4": {"ttft_ms": {"p99": 1.0}}, "gpt-4.1": {"ttft_ms": {"p99": 2.0}}},
+               "per_client": {"10.0.0.1": {"service": 3.0}}, "ttft_ms": {"p99": 4.0}}
+    assert metric_at(metrics, "per_class.gpt-4.ttft_ms.p99") == 1.0
+    assert metric_at(metrics, "per_class.gpt-4.1.ttft_ms.p99") == 2.0   # (not gpt-4, then no key '1')
+    assert metric_at(metrics, "per_client.10.0.0.1.service") == 3.0
+    assert metric_at(metrics, "ttft_ms.p99") == 4.0
+    assert metric_at(metrics, "per_class.gpt-4.2.ttft_ms.p99", "missing") == "missing"
+    assert metric_at(metrics, "ttft_ms.p99.x", "missing") == "missing"
+    for name in ("per_class.gpt-4.1.ttft_ms.p99", "per_client.10.0.0.1.service", "per_class.a.b.c.slo.attainment"):
+        assert check_metric_name(name) == name
+    with pytest.raises(ConfigError, match=r"unknown metric 'per_class.gpt-4.1.ttft_ms.p42'"):
+        check_metric_name("per_class.gpt-4.1.ttft_ms.p42")
+
+
+def test_a_dotted_class_is_reported_searched_and_its_slo_checked(tmp_path):
+    """The table refused ``per_class.gpt-4.1.ttft_ms.p99`` ("'per_class.gpt-4' has requests, ..."), a
+    search could not constrain it and plots could not draw it, though the metrics were computed."""
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent("""
+        [experiment]
+        name = "dots"
+        [workload]
+        kind = "inline"
+        requests = [
+          {prompt_tokens = 100, output_tokens = 3, arrival_ms = 0.0, request_class = "gpt-4.1"},
+          {prompt_tokens = 200, output_tokens = 5, arrival_ms = 0.0, request_class = "b"},
+          {prompt_tokens = 100, output_tokens = 2, arrival_ms = 10.0, request_class = "gpt-4.1"},
+        ]
+        [cost_model]
+        kind = "linear"
+        prefill_ms_per_token = 0.05
+        decode_ms_per_step = 8.0
+        [slo]
+        ttft_ms = 20
+        [scheduler]
+        kind = "continuous"
+        max_num_seqs = 4
+        [[runs]]
+        name = "c"
+        search = {key = "scheduler.max_num_seqs", low = 1, high = 4,
+                  constraint = "per_class.gpt-4.1.slo.attainment <= 0.5"}
+        [reports.table]
+        columns = ["finished", "per_class.gpt-4.1.ttft_ms.p50", "per_class.gpt-4.1.slo.attainment"]
+    """))
+    study = run_experiment(load(path)).studies[0]
+    probes = {p.value: p for p in study.search.probes}
+    # one sequence at a time: gpt-4.1's requests get their first tokens at 5 ms (100 tokens at 0.05 ms)
+    # and at 68 ms (58 ms after arriving: behind b) -- one of two within 20 ms; at four, 15 and 18 ms
+    one = probes[1].payload.metrics["per_class"]["gpt-4.1"]
+    assert (one["ttft_ms"]["p50"], one["slo"]["attainment"]) == (31.5, 0.5) and probes[1].holds
+    assert 4 in probes and not probes[4].holds
+    assert probes[4].payload.metrics["per_class"]["gpt-4.1"]["ttft_ms"]["p50"] == pytest.approx(16.5)

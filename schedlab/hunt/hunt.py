@@ -196,7 +196,7 @@ def check_goal_metrics(goal: Goal, studies, space: Space, where: str) -> None:
             if not any(key.split(".")[0] == "slo" for key, _ in settings_for(run, space.settings, tuple(by_name))):
                 check_slo(metric, [by_name[run]], f"{where} {what}: {name}")
             group, _, rest = metric.partition(".")
-            if group == "per_class" and rest.split(".")[0] not in classes:
+            if group == "per_class" and not any(rest.startswith(c + ".") for c in classes):  # (a name may hold dots)
                 known = (f"classes: {', '.join(classes)}" if classes else
                          "per_class needs several classes in [hunt.workload.classes]")
                 raise ConfigError(f"{where} {what}: {name}: no request class {rest.split('.')[0]!r}; {known}")

@@ -113,8 +113,10 @@ def check_metric_name(name: object) -> str:
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"a metric name must be dotted text such as 'ttft_ms.p99', got {name!r}")
-    node = METRICS
     parts = name.split(".")
+    if _fits(METRICS, parts, 0):
+        return name
+    node = METRICS   # (the first way through, for the message)
     for i, part in enumerate(parts):
         if not isinstance(node, dict):
             raise ConfigError(f"unknown metric {name!r}: {'.'.join(parts[:i])!r} is a number, it has no {part!r}")
@@ -124,10 +126,22 @@ def check_metric_name(name: object) -> str:
             node = node["*"]
         else:
             raise ConfigError(_unknown(name, parts, i, node))
-    if isinstance(node, dict):
-        raise ConfigError(f"{name!r} is a group of metrics, not a number; name one of "
-                          f"{', '.join(f'{name}.{key}' for key in _names(node))}")
-    return name
+    raise ConfigError(f"{name!r} is a group of metrics, not a number; name one of "
+                      f"{', '.join(f'{name}.{key}' for key in _names(node))}")
+
+
+def _fits(node, parts: list, i: int) -> bool:
+    """Whether ``parts[i:]`` names a number under ``node``; a name (``*``: a class, a client)
+    may take several parts, as ``gpt-4.1`` in ``per_class.gpt-4.1.ttft_ms.p99`` does."""
+    if i == len(parts):
+        return not isinstance(node, dict)
+    if not isinstance(node, dict):
+        return False
+    if parts[i] in node and _fits(node[parts[i]], parts, i + 1):
+        return True
+    if "*" in node and parts[i]:
+        return any(_fits(node["*"], parts, j) for j in range(i + 1, len(parts) + 1) if all(parts[i:j]))
+    return False
 
 
 def _names(node: dict) -> list[str]:

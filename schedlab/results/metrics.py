@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -29,13 +30,27 @@ PERCENTILES = (50, 90, 95, 99)
 
 def metric_at(metrics: dict, name: str, missing: Any = None) -> Any:
     """The value at a dotted metric name (``ttft_ms.p99``, ``per_class.chat.slo.goodput_rps``),
-    or ``missing`` when the path does not exist. Reports use it to address nested metrics."""
-    node: Any = metrics
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return missing
-        node = node[part]
-    return node
+    or ``missing`` when the path does not exist. Reports use it to address nested metrics. A
+    key with dots of its own -- a class or client named ``gpt-4.1`` -- is found too
+    (``per_class.gpt-4.1.ttft_ms.p99``): where a part is not a key, it is joined to the next."""
+    return _walk(metrics, name.split("."), 0, missing)
+
+
+def _walk(node: Any, parts: list, i: int, missing: Any) -> Any:
+    if i == len(parts):
+        return node
+    if not isinstance(node, Mapping):
+        return missing
+    for j in range(i + 1, len(parts) + 1):
+        key = parts[i] if j == i + 1 else ".".join(parts[i:j])
+        if key in node:
+            found = _walk(node[key], parts, j, _MISSING)
+            if found is not _MISSING:
+                return found
+    return missing
+
+
+_MISSING = object()
 
 
 def summarize(values: np.ndarray) -> dict[str, float]:

@@ -171,8 +171,8 @@ def _values(run, metric: str):
         return None
     scope, name = parts[:-2], parts[-2]
     rows = np.flatnonzero(_measured(run))  # (a search's warm-up is left out, as the metric leaves it out)
-    if len(scope) == 2 and scope[0] == "per_class" and "request_class" in req:
-        rows = rows[req["request_class"][rows].astype(str) == scope[1]]
+    if len(scope) >= 2 and scope[0] == "per_class" and "request_class" in req:   # (a class name may hold dots)
+        rows = rows[req["request_class"][rows].astype(str) == ".".join(scope[1:])]
         scope = []
     sub = {k: v[rows] for k, v in req.items()}
     if scope == ["client"]:

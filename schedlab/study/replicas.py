@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from ..results.metrics import metric_at
 from ..results.records import RunResult
 
 REPLICA_MARK = "#"
@@ -196,11 +197,7 @@ def combined_stability(verdicts: list, mean: dict) -> dict:
 
 def metric_number(metrics: dict, name: str) -> float:
     """A dotted metric as a float (NaN when absent or not a number)."""
-    node: Any = metrics
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return math.nan
-        node = node[part]
+    node: Any = metric_at(metrics, name, math.nan) if isinstance(metrics, dict) else math.nan
     return float(node) if _is_number(node) else math.nan
 
 

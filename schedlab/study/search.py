@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import attrs
 
 from ..errors import ConfigError
+from ..results.metrics import metric_at
 
 OPERATORS = ("<=", "<", ">=", ">")
 #: the most probes a search may need (:func:`max_search_probes`); a ``[search]`` needing more is refused
@@ -47,6 +48,9 @@ COMPARE = _COMPARE
 _CONSTRAINT = re.compile(
     r"\s*(?P<metric>[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*)\s*(?P<op><=|>=|<|>)\s*(?P<threshold>\S+)\s*"
 )
+
+#: what a metric lookup finds where no metric is (a metric may be None: an empty sample)
+_ABSENT = object()
 
 
 @attrs.frozen
@@ -73,11 +77,13 @@ class Constraint:
             something other than a number.
         """
         parts = self.metric.split(".")
-        node: Any = metrics
-        for i, part in enumerate(parts):
-            if not isinstance(node, Mapping) or part not in node:
-                raise ConfigError(self._missing(metrics, parts[:i], node))
-            node = node[part]
+        node: Any = metric_at(metrics, self.metric, _ABSENT) if isinstance(metrics, Mapping) else _ABSENT
+        if node is _ABSENT:   # (the first way through, for the message)
+            node = metrics
+            for i, part in enumerate(parts):
+                if not isinstance(node, Mapping) or part not in node:
+                    raise ConfigError(self._missing(metrics, parts[:i], node))
+                node = node[part]
         if node is None:
             return math.nan
         if isinstance(node, Mapping):

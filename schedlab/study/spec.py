@@ -208,8 +208,8 @@ class StudySpec:
 
 def needs_slo(metric: str) -> bool:
     """Whether a metric exists only in runs with ``[slo]`` targets: ``slo.*`` and ``per_class.<class>.slo.*``."""
-    parts = metric.split(".")
-    return parts[0] == "slo" or (parts[0] == "per_class" and parts[2:3] == ["slo"])
+    parts = metric.split(".")   # (a class name may hold dots: the group is the part before the statistic)
+    return parts[0] == "slo" or (parts[0] == "per_class" and parts[-2:-1] == ["slo"] and len(parts) > 3)
 
 
 #: metrics only a run that meters energy has (schedlab.energy; a plan's energy cost and kWh per hour too)
@@ -220,7 +220,7 @@ def needs_power(metric: str) -> bool:
     """Whether a metric exists only in runs with a ``[power]`` table: ``energy.*`` and
     ``per_class.<class>.energy.*``, and a plan's ``energy_cost_per_hour`` and ``kwh_per_hour``."""
     parts = metric.split(".")
-    return parts[0] in ENERGY_METRICS or (parts[0] == "per_class" and parts[2:3] == ["energy"])
+    return parts[0] in ENERGY_METRICS or (parts[0] == "per_class" and parts[-2:-1] == ["energy"] and len(parts) > 3)
 
 
 #: metrics a plan adds to each deployment it simulates, after its constraints are checked (schedlab.study.planner)
