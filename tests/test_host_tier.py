@@ -30,7 +30,7 @@ from schedlab_plugins.kv_caches.settings import PagedConfig, RadixConfig, build_
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
 from test_differential import continuous_configs
-from test_prefix_cache import OPS, Driver, Seq, Shadow, SwappingMachine, admit, make_request, req, requests_specs, spec_key
+from test_prefix_cache import OPS, Driver, Seq, Shadow, SwappingMachine, admit, make_request, req, spec_key
 from test_sglang import rejections_for, sglang_configs, whole_pages
 
 G = lambda e: ("g", "s", e)  # noqa: E731
