@@ -209,3 +209,42 @@ def test_the_loop_check_can_be_turned_off():
     with pytest.raises(AssertionError, match="preempted twice"):
         run_engine([a, b], SelfPreempting(config, rounds=3), LinearCostModel(ONE_MS), PagedKVCache(64, 16),
                    check=IterationChecker())
+
+
+class _Steps:
+    """A scheduler that notes each plan's prefills as (time, [(id, tokens), ...])."""
+
+    def __init__(self, inner):
+        self._inner, self.prefills = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def schedule(self, plan):
+        out = self._inner.schedule(plan)
+        if plan.prefills:
+            self.prefills.append((plan.now, [(s.request.id, n) for s, n in plan.prefills]))
+        return out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_without_chunked_prefill_a_resumed_request_waits_for_a_budget_it_fits(engine, chunked):
+    """Review vllm82: vLLM V1's waiting loop breaks when a request needs more tokens than the step
+    has left and chunked prefill is off -- a resumed (preempted) one too. Block 2, 12 blocks, budget
+    16 = max_model_len: C (6 + 10) runs; A (10 + 6) and B (1 + 8) join; at t=4 A needs a block and
+    B is preempted (3 tokens computed), at t=5 C needs one and A is (14). At t=10 C finishes: A
+    resumes with its 14 tokens, 2 left, and B's 3 wait for t=11 -- chunked, B takes 2 of them at
+    t=10 and its last at 11 (schedlab chunked it with chunked prefill off too)."""
+    c = Request(2, 0.0, prompt_tokens=6, output_tokens=10)
+    a = Request(0, 1.0, prompt_tokens=10, output_tokens=6)
+    b = Request(1, 2.0, prompt_tokens=1, output_tokens=8)
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=16, chunked_prefill=chunked)
+    scheduler = _Steps(ContinuousScheduler(config))
+    result = run_engine([c, a, b], scheduler, LinearCostModel(ONE_MS), PagedKVCache(12, 2), engine=engine)
+    check_run(result, [c, a, b], kv_blocks=12)
+    later = [(t, p) for t, p in scheduler.prefills if t >= 10]
+    if chunked:
+        assert later[:2] == [(10.0, [(0, 14), (1, 2)]), (11.0, [(1, 1)])]
+    else:
+        assert later[:2] == [(10.0, [(0, 14)]), (11.0, [(1, 3)])]

@@ -890,13 +890,15 @@ class ContinuousScheduler:
             # prompt still goes in threshold-sized chunks (V0 applied it only when chunking)
             n = threshold
         if n > budget:
-            # A fresh prompt waits for a budget it fits in; a preempted request's recompute
-            # (prompt + generated) may exceed any budget, so it is always chunked -- but for V0
-            # without chunking, whose budget holds max_model_len: there a recompute is never split
-            # and waits for the budget like a prompt (``_schedule_prefills``: ``can_schedule`` fails,
-            # v0.8.5), unless it exceeds the whole budget (max_model_len 0 or "auto": else for ever).
+            # A fresh prompt waits for a budget it fits in, and without chunking so does a preempted
+            # request's recompute (prompt + generated): vLLM V1's waiting loop breaks for a resumed
+            # request as for a new one (``not enable_chunked_prefill and num_new_tokens >
+            # token_budget``), and V0's ``_schedule_prefills`` fails ``can_schedule`` (v0.8.5, its
+            # whole-prefill mode); both start only with a budget that holds max_model_len. A recompute
+            # past the whole budget (max_model_len 0 or "auto") is chunked -- else it waited for ever.
+            whole = not self._v0 or self._v0_whole
             if not c.chunked_prefill and (seq.num_preemptions == 0
-                                          or self._v0_whole and n <= c.max_num_batched_tokens):
+                                          or whole and n <= c.max_num_batched_tokens):
                 return 0
             n = budget
         if c.chunked_prefill and threshold and n > threshold:
