@@ -1174,3 +1174,55 @@ def test_fixed_active_defaults_on_the_a6000_are_llmservingsims_fitted_node():
     assert low["standby_w"] == pytest.approx(d["standby_w"])
     given = build_fixed_active(FixedActiveConfig(gpu="rtx-a6000", active_w=300.0, idle_w=33.0), PRESETS).describe()
     assert given["standby_w"] == 89.0   # (both powers given: the named GPU's measured standby all the same)
+
+
+# --- review energy82: the energy window is the GPU-hours' -------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_energy_is_metered_to_the_end_the_gpu_hours_pay_for(tmp_path, engine):
+    """Three requests of 4 + 3 tokens at 0; an API server of one handler taking 50 ms each;
+    clients give up after 80 ms. Request 0 runs 50-60 ms (its prefill 2 ms, then two decodes of
+    4 ms); request 2 is given up at 80 ms and request 1 at 100 ms while waiting for the
+    handler. The GPU-hours run to 100 ms; the energy stopped at 60 ms (4.5 J). By hand, at 30 W
+    idle, 300 W busy and 90 W standby for 10 ms: idle 0-50 (1.5 J), busy 50-60 (3.0 J), standby
+    60-70 (0.9 J), idle 70-100 (0.9 J): 6.3 J."""
+    from schedlab.study.experiment import load, run_experiment
+
+    (tmp_path / "reqs.jsonl").write_text('{"arrival_ms": 0, "prompt_tokens": 4, "output_tokens": 3}\n' * 3)
+    path = tmp_path / "exp.toml"
+    path.write_text(f"""
+[experiment]
+name = "window"
+engine = "{engine}"
+reports = []
+[workload]
+kind = "file"
+path = "reqs.jsonl"
+[scheduler]
+kind = "continuous"
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 0.5
+decode_ms_per_step = 4.0
+[power]
+kind = "fixed_active"
+active_w = 300
+standby_w = 90
+idle_w = 30
+standby_s = 0.01
+[frontend]
+network_ms = 0.0
+request_ms = 50.0
+tokenize_ms_per_token = 0.0
+token_ms = 0.0
+workers = 1
+[client]
+timeout_ms = 80
+""")
+    run = next(iter(run_experiment(load(path)).all_runs()))
+    assert list(run.requests["finish_ms"]) == [60.0, 100.0, 80.0]
+    energy = run.metrics["energy"]
+    assert energy["window_ms"] == 100.0 and run.metrics["gpu_hours"] * 3.6e6 == pytest.approx(100.0)
+    assert energy["busy_j"] == pytest.approx(3.0) and energy["idle_j"] == pytest.approx(1.5 + 0.9 + 0.9)
+    assert energy["gpu_j"] == pytest.approx(6.3)

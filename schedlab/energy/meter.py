@@ -340,15 +340,16 @@ def token_shares(energy: float, batch: Batch, dropped: int = 0) -> tuple[float, 
     return per_decoder, per_token
 
 
-def close_meters(meters: list, start: float) -> dict:
+def close_meters(meters: list, start: float, until: float = -INF) -> dict:
     """Close every instance's meter (an :class:`EnergyMeter`, or a pipelined instance's
     :class:`.pipeline.PipelineMeter`) over the run's window -- from ``start`` (0, where the run's
-    GPU-hours start; a part's first arrival) to the end of the last iteration of any instance --
-    and return the run's energy record
+    GPU-hours start; a part's first arrival) to the end of the last iteration of any instance, or
+    ``until`` if later (the end of the engine's work its GPU-hours pay to: a request dropped after
+    the last iteration, a KV lease on an abandoned prompt) -- and return the run's energy record
     (``meta["energy"]``): the window, the power model (the first instance's; with pools of
     other settings, each one and its instances under ``models``), the run's PUE
     (:func:`.metrics.run_pue`) and, per instance, its GPUs' energy, its host and its own PUE."""
-    end = max([m.latest for m in meters if m.latest > -INF] + [start])
+    end = max([m.latest for m in meters if m.latest > -INF] + [start, until])
     for m in meters:
         m.close(start, end)
     described = [_described(m.model) for m in meters]

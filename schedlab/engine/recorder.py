@@ -123,6 +123,9 @@ class Recorder:
         self.exact_requests = exact_requests
         self.streaming = False
         self.recorded = 0
+        #: when the last request the engine finished or dropped left it (-inf: none); with the
+        #: counters, the end of the engine's work (:func:`schedlab.results.metrics.engine_end_ms`)
+        self.last_left_ms = -math.inf
         self._first_arrival = math.inf        # of the rows turned into columns so far
         self.timeline_points = timeline_points
         self._timeline_stride = 1
@@ -165,6 +168,8 @@ class Recorder:
             r.sent_at, client[0], client[1], 1 if aborted else 0, 1 if client[2] else 0, r.due_at,
         ))
         self.recorded += 1
+        if finish_ms > self.last_left_ms:
+            self.last_left_ms = finish_ms
         if self.listener is not None:
             self.listener(seq, finish_ms, rejected, client)
         if len(self._rows) >= _FLUSH_ROWS:

@@ -50,7 +50,7 @@ from ..model import Request, checked_requests
 from ..registry import PluginConfigWarning, allocate_past_grow
 from ..targets import TargetConfig, compare_with_real_run, incomparable_left_out
 from ..parallelism import SINGLE, LayoutError, Parallelism
-from ..results.metrics import request_met, warmup_count
+from ..results.metrics import engine_end_ms, request_met, warmup_count
 from ..results.records import RunResult
 from ..results.stream import RecordSettings, RowSink
 from ..speculative import Speculation, SpeculativeConfig, budget_problem
@@ -1662,8 +1662,10 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         meta["scaling"] = scaling.finish()
     if spec.part and a.power is not None:  # up to the part's own end: merge_parts carries it to the run's
         meta["energy"] = close_part([meters[i] for i in indices], indices, recorder.first_arrival_ms())
-    elif a.power is not None:  # from 0, where its paid GPU-hours start (a fixed cluster's and an autoscaled one's)
-        meta["energy"] = close_meters([meters[i] for i in indices], 0.0)
+    elif a.power is not None:  # from 0, where its paid GPU-hours start (a fixed cluster's and an autoscaled one's),
+        # to where they end: the engine's work's end (a lease or a dropped request after the last iteration)
+        meta["energy"] = close_meters([meters[i] for i in indices], 0.0,
+                                      engine_end_ms(recorder.counters, recorder.last_left_ms))
     if a.parallelism != SINGLE:
         meta["parallelism"] = attrs.asdict(a.parallelism)
     if isinstance(lockstep, list):  # several deployments: what each did, and in all
