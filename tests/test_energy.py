@@ -835,6 +835,23 @@ def test_energy_in_the_table_and_the_timeline_plot(energy_run):
     assert lines[0].get_ydata()[:-1].tolist() == pytest.approx(watts.tolist())
 
 
+def test_a_thinned_timeline_draws_no_power_panel(tmp_path):
+    """Review energy82: past ``timeline_points`` the timeline keeps every 2nd, 4th... row, and the
+    panel drew the dropped iterations as idle stretches (685 J for a run that drew 1,325); it is
+    left out there, as the fleet report leaves out its kWh per hour."""
+    from schedlab.study.experiment import load, run_experiment
+    from schedlab_plugins.reports.plot_timeline import has_power, timeline_figure
+
+    path = tmp_path / "energy.toml"
+    path.write_text(EXPERIMENT.replace("[experiment]\n", "[experiment]\ntimeline_points = 20\n", 1))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.meta["energy"]["instances"] and len(run.timeline["time_ms"]) <= 20
+    assert run.metrics["iterations"] > 40   # (rows were dropped)
+    assert not has_power(run)
+    fig = timeline_figure(run, 60)
+    assert not [line for ax in fig.axes for line in ax.get_lines() if (line.get_gid() or "").startswith("timeline:power")]
+
+
 def test_saved_results_redraw_the_same_power(energy_run, tmp_path):
     from schedlab.results.storage import load as load_saved
     from schedlab.results.storage import save

@@ -18,6 +18,8 @@ panel shows the fitted trend of its waiting queue over the arrival window as a d
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -155,11 +157,22 @@ def _trend_segment(fit: dict) -> tuple[list[float], list[float]]:
 
 
 def has_power(run) -> bool:
-    """True when the run metered energy and its timeline rows carry it."""
+    """True when the run metered energy and its timeline rows carry all of it: a timeline
+    thinned past ``timeline_points`` has lost rows, whose iterations the panel would draw as
+    idle (a run drawing 1,325 J drew 685), so it is left out, as the fleet report leaves out
+    its kWh per hour."""
+    from schedlab.energy.timeline import integral_j, power_steps
+
     energy_j = run.timeline.get("energy_j")
     energy = run.meta.get("energy")
-    return isinstance(energy, dict) and isinstance(energy.get("instances"), list) and bool(energy["instances"]) \
-        and energy_j is not None and energy_j.size > 0 and not np.isnan(energy_j).all()
+    if not (isinstance(energy, dict) and isinstance(energy.get("instances"), list) and bool(energy["instances"])
+            and energy_j is not None and energy_j.size > 0 and not np.isnan(energy_j).all()):
+        return False
+    for k, inst in enumerate(energy["instances"]):
+        counted = inst.get("busy_j", 0.0) + inst.get("idle_j", 0.0)
+        if not math.isclose(integral_j(*power_steps(run, k)), counted, rel_tol=1e-6, abs_tol=1e-6):
+            return False
+    return True
 
 
 def _power_panel(ax, run, several: bool) -> None:
