@@ -2096,8 +2096,10 @@ def steady_state_energy(result, batch: int | None = None) -> dict[str, float]:
     energy_meta = result.meta.get("energy") or {}
     if "energy_j" not in t or not len(t["energy_j"]) or not energy_meta:
         return out
-    busy_j = sum(inst.get("busy_j", 0.0) for inst in energy_meta.get("instances", ()))
-    if not math.isclose(float(np.sum(t["energy_j"])), busy_j, rel_tol=1e-6, abs_tol=1e-9):
+    # what the rows carry when none was dropped: the iterations' energy (a pipelined instance's
+    # rows: all its stages' over each, idle ones too -- its meter's rows_j)
+    rows_j = sum(inst.get("rows_j", inst.get("busy_j", 0.0)) for inst in energy_meta.get("instances", ()))
+    if not math.isclose(float(np.sum(t["energy_j"])), rows_j, rel_tol=1e-6, abs_tol=1e-9):
         return out  # a thinned timeline (timeline_points): its rows no longer hold every iteration
     with np.errstate(invalid="ignore", divide="ignore"):
         energy = float(np.sum(np.where(length > 0, np.asarray(t["energy_j"], float) * covered / length, 0.0)))

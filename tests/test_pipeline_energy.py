@@ -508,6 +508,23 @@ def test_saved_pipelined_results_redraw_the_same_power(tmp_path):
                 if (line.get_gid() or "").startswith("timeline:power")]) == 2
 
 
+def test_a_pipelined_runs_steady_state_energy_is_read_from_its_whole_timeline(tmp_path):
+    """Review energy82: ``steady_state_energy`` took a pipelined run's rows -- all stages' energy
+    over each row, idle stages too -- for a thinned timeline (their sum is not the iterations'
+    busy_j) and gave NaN. The meter says what its rows carry (``rows_j``): a number, and over the
+    whole run's rows their energy in all."""
+    from schedlab.study.experiment import run_experiment
+    from schedlab.targets import steady_state_energy
+
+    run = run_experiment(load(_write(tmp_path, PIPELINE))).all_runs()[0]
+    instances = run.meta["energy"]["instances"]
+    rows_j = sum(inst["rows_j"] for inst in instances)
+    assert float(np.sum(run.timeline["energy_j"])) == pytest.approx(rows_j, rel=1e-9)
+    assert rows_j > sum(inst["busy_j"] for inst in instances)    # (the idle stage within each row)
+    steady = steady_state_energy(run, batch=2)
+    assert math.isfinite(steady["steady_j_per_token"]) and steady["steady_power_w"] > 0
+
+
 @pytest.mark.parametrize("clock", ["mhz = 1000", 'policy = "slo"'])
 def test_pipelined_instances_at_a_clock_in_toml_draw_less(tmp_path, clock):
     """A locked clock slows the prompts' compute-bound slices; the governor keeps batches with

@@ -96,6 +96,9 @@ class PipelineMeter:
         self.per_decoder = 0.0  # the energy shared out so far to each decoding sequence (fast engine)
         self.discarded_j = 0.0  # planning ahead: the shares of decodes whose token was thrown away
         self._row = 0.0
+        #: what the timeline's rows carry in all (each landing's row, each hole's): their sum when
+        #: none was thinned away (``targets.steady_state_energy`` checks it)
+        self.rows_j = 0.0
         self._hole = None
         self.closed = False
         self.offs: list[list[float]] = []  # autoscaled: [switched off, switched on again (inf: still off)]
@@ -133,6 +136,7 @@ class PipelineMeter:
 
     def row_j(self, energy: float) -> float:
         """The energy of the landing's row: all stages' over it (0 for a row of 0 ms)."""
+        self.rows_j += self._row
         return self._row
 
     def hole(self) -> tuple[float, float, float] | None:
@@ -142,7 +146,9 @@ class PipelineMeter:
             return None
         start, end = self._hole
         self._hole = None
-        return start, end - start, self._advance(start, end)
+        energy = self._advance(start, end)
+        self.rows_j += energy
+        return start, end - start, energy
 
     # -- an autoscaled instance (nothing in flight when it goes off) ---------------------------------
     def switch_off(self, t: float) -> None:
@@ -257,7 +263,7 @@ class PipelineMeter:
         return {
             "busy_j": sum(self.busy_j), "idle_j": sum(self.idle_j), "busy_ms": self.in_flight_ms,
             "peak_w": self.peak_w, "idle_w": self.idle_w, "standby_w": self.standby_w, "standby_ms": self.standby_ms,
-            "tail_ms": self.tail_ms, "tails": self.tails, "standby_left": self.standby_left,
+            "tail_ms": self.tail_ms, "tails": self.tails, "standby_left": self.standby_left, "rows_j": self.rows_j,
             **({"standby_at": self.standby_at} if self.standby_at else {}),
             "stages": [{"busy_j": b, "idle_j": i, "busy_ms": ms}
                        for b, i, ms in zip(self.busy_j, self.idle_j, self.busy_ms)],
