@@ -1130,6 +1130,12 @@ def test_power_a_gpu_cannot_draw_is_refused_and_power_past_the_board_warned_of()
         build_table(TableConfig(points=[[1, 300]], idle_w=60, standby_w=50), PRESETS, h100)
     with pytest.warns(InputWarning, match=r"points: 2000 W at 1 is past the GPU's board limit of 700 W"):
         build_table(TableConfig(points=[[1, 2000]]), PRESETS, h100)
+    # review energy82: the derived standby (idle + the awake share of the headroom: 198 W on an H100)
+    # is capped at the table's busiest point, as fixed_active caps it at active_w
+    awake = build_table(TableConfig(points=[[1, 300]]), PRESETS, h100).standby_w
+    assert awake > 180.0
+    assert build_table(TableConfig(points=[[1, 120], [64, 180]]), PRESETS, h100).standby_w == 180.0
+    assert build_table(TableConfig(points=[[1, 120], [64, 180]], standby_w=150), PRESETS, h100).standby_w == 150.0
     for standby in (10.0, 5000.0):
         with pytest.raises(ConfigError, match=rf"standby_w \({standby:g} W\) must lie between idle \({idle:g} W\) "
                                               r"and active \(700 W\)"):

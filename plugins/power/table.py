@@ -65,7 +65,8 @@ class TableConfig(PowerSettings):
     idle_w: float | None = float_field(None, min=0.0, optional=True,
                                        help="idle power per GPU, W (default: the preset's)")
     standby_w: float | None = float_field(
-        None, min=0.0, optional=True, help="standby power per GPU, W (default: the utilisation model's awake share)")
+        None, min=0.0, optional=True,
+        help="standby power per GPU, W (default: the utilisation model's awake share, at most the busiest point)")
 
     def __attrs_post_init__(self):
         if (self.points is None) == (self.fit is None):
@@ -143,8 +144,10 @@ def build_table(config: TableConfig, presets: Presets | None = None, cost_model=
         except ConfigError as exc:
             raise ConfigError(f"{exc} (or set idle_w and standby_w)") from None
         board, idle, _ = board_and_idle(gpu, None, config.idle_w, "table")
+        # (derived from the board's headroom: no more than the table's busiest point, as fixed_active
+        # caps it at active_w -- review energy82: 198 W of standby beside a table of 120-180 W)
         standby = (config.standby_w if config.standby_w is not None
-                   else idle + DERIVATION["awake"] * (board - idle))
+                   else min(idle + DERIVATION["awake"] * (board - idle), max(p[1] for p in points)))
     _check_watts(points, idle, standby, board)
     warn_clock_unread(cost_model, "table", "its power follows the batch's size only")
     if config.fit is not None and "cycle_ms" in FITS[config.fit]:
