@@ -569,7 +569,10 @@ class Scheduler(Protocol):
     whose last iteration is still running at the arrival counts; :mod:`schedlab.engine.admission`),
     ``answer_segment`` (new tokens a sequence gets per admission: the scheduler
     :meth:`Plan.requeue` s it when it has them, so its reservation may stop there; TGI's
-    segments), ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance
+    segments), ``use_speculative_slack(slack_for)`` (with ``[speculative]``, called once at
+    construction: ``slack_for(request)`` is the KV slots a step of it holds past its tokens,
+    its drafts' and lookahead, for a scheduler that plans a request's later parts in
+    ``limit_request``), ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance
     keeps free when it pulls, given its running sequences and the requests already being
     received), ``plans_ahead`` (each batch is planned while the one before it runs, as vLLM's
     asynchronous and SGLang's overlap scheduling do: :mod:`schedlab.engine.ahead`) and

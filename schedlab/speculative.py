@@ -272,12 +272,17 @@ class Speculation:
         drafts (review s80 specpp, finding 4)."""
         return self.lookahead if request.max_output_tokens <= 1 else self.slack
 
-    def configure_cache(self, kv) -> None:
+    def configure_cache(self, kv, scheduler=None) -> None:
         """Tell a prefix cache that keys blocks by content what this drafter's KV depends on
-        (``KVCache.use_hash_lookahead``, optional); the engines call it once, at construction."""
+        (``KVCache.use_hash_lookahead``, optional), and a scheduler that plans an answer's later
+        parts ahead the KV slots a step holds past its tokens (``Scheduler.use_speculative_slack``,
+        optional: TGI's answer segments); the engines call it once, at construction."""
         use = getattr(kv, "use_hash_lookahead", None)
         if self.hash_lookahead and use is not None and getattr(kv, "prefix_caching", False):
             use(self.hash_lookahead)
+        tell = getattr(scheduler, "use_speculative_slack", None)
+        if tell is not None:
+            tell(self.slack_for)
 
     def k_for(self, batch_size: int) -> int:
         k = self._k_memo.get(batch_size)

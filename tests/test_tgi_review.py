@@ -334,3 +334,45 @@ def test_a_speculative_step_stops_at_the_answer_segments_end(tmp_path, k):
         assert int(requests["recomputed_tokens"][0]) == int(runs["plain"].requests["recomputed_tokens"][0]) > 0
     assert runs["fast"].metrics["speculative"]["accepted_tokens"] > 0  # (drafts accepted: steps gave > 1 token)
     compare_runs(runs["fast"], runs["reference"], rel=1e-12)
+
+
+# --- review spec82: a continuation's blocks hold its speculative slots too ----------------------------------
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("blocks, served", [(18, 4), (20, 8)])
+def test_a_segment_that_fits_only_without_its_draft_slots_ends_the_answer(tmp_path, engine, blocks, served):
+    """One-token blocks, 1 kept for the health check; a 10-token prompt, an answer of 10 in
+    segments of 4, n-gram drafts of k = 2. With 18 blocks (17 usable) segment 1 reserves 10 + 4 - 1
+    + 2 = 15 slots, segment 2 would reserve 14 + 4 - 1 + 2 = 19: the answer ends at 4 tokens (it
+    waited for ever: the continuation was passed without its draft slots). With 20 blocks (19) it
+    gets 8: segment 2 takes 19, segment 3 would take 18 + 4 - 1 + 2 = 23."""
+    from schedlab.study.experiment import load, run_experiment
+
+    path = tmp_path / "exp.toml"
+    path.write_text(f"""
+[experiment]
+name = "tgi spec"
+engine = "{engine}"
+reports = []
+[workload]
+kind = "inline"
+requests = [{{prompt_tokens = 10, output_tokens = 10, arrival_ms = 0.0}}]
+[scheduler]
+kind = "tgi"
+generation_segment = 4
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 0.5
+[kv_cache]
+kind = "paged"
+num_blocks = {blocks}
+block_size = 1
+prefix_caching = false
+[speculative]
+method = "ngram"
+num_speculative_tokens = 2
+acceptance_rate = 0.0
+""")
+    run = next(iter(run_experiment(load(path)).all_runs()))
+    assert list(run.requests["generated_tokens"]) == [served] and list(run.requests["max_tokens"]) == [served]

@@ -103,7 +103,9 @@ freed the last first). Eviction follows that cache's LRU free queue, not TGI's f
 leaves; a block cached twice (two requests computed the same prefix) stays cached twice, where
 TGI's ``free`` gives back the later copy.
 
-Simplifications: one instance, no sharding; no speculation; whether a new batch is large enough
+Simplifications: one instance, no sharding; no speculation of TGI's own (``[speculative]`` verifies
+drafts as the engines do for every scheduler, a continuation's blocks holding their slots:
+:meth:`TgiScheduler.use_speculative_slack`); whether a new batch is large enough
 for ``waiting_served_ratio`` is decided before any block is taken, counting each request's prefix
 hit in the cache as it stands (TGI allocates one by one and gives the blocks back: the same count
 unless admitting one request would evict cached blocks a later one reuses); the padded-model path
@@ -242,6 +244,7 @@ class TgiScheduler:
         self._tables: dict = {}         # running sequence -> the blocks of its allocation (its block table)
         self._bound = False             # the KV cache told to cache as TGI's radix allocator does
         self._total = None              # default_max_tokens = "max_total_tokens": max_total_tokens (limits(kv))
+        self._slack_for = None          # [speculative]: a request's slots past its tokens (use_speculative_slack)
 
     # -- optional protocol members --------------------------------------------------------
 
@@ -312,6 +315,11 @@ class TgiScheduler:
             return request.max_output_tokens
         return max(total - input_tokens, 0)
 
+    def use_speculative_slack(self, slack_for) -> None:
+        """With ``[speculative]``: ``slack_for(request)``, the KV slots a request's step holds past
+        its tokens (its drafts and lookahead), which each continuation's blocks must hold too."""
+        self._slack_for = slack_for
+
     def limit_request(self, request, kv):
         """``request`` as TGI serves it: an answer longer than ``generation_segment`` is
         served a segment at a time, the router validating each continuation like a new request
@@ -331,6 +339,8 @@ class TgiScheduler:
         if not segment or request.max_output_tokens <= segment:
             return request
         usable_tokens = (kv.num_blocks - HEALTH_CHECK_BLOCKS) * kv.block_size
+        if self._slack_for is not None:  # (speculation: a segment's last step holds its drafts' slots too)
+            usable_tokens -= self._slack_for(request)
         if default:  # each continuation asks for what is left of max_total_tokens: its input is checked, and
             passing = (longest_input - prompt) // segment  # a whole segment's blocks where they may not fit
             if total > usable_tokens + 1:

@@ -216,7 +216,7 @@ class Instance:
         #: within (plan.capped_verify, capped_slots; 0: no limit)
         self.longest = model_len_limit(scheduler, kv) if speculation is not None else 0
         if speculation is not None:
-            speculation.configure_cache(kv)
+            speculation.configure_cache(kv, scheduler)
         # Speculation: decoders keep the slots of their last step (see _verify), so block
         # growth is not periodic and cross_at is not kept.
         self.track_growth = speculation is None

@@ -566,7 +566,7 @@ class ReferenceEngine:
         # speculation: the longest sequence (max_model_len) drafts and their slots stay within (0: none)
         self.longest = model_len_limit(scheduler, kv) if speculation is not None else 0
         if speculation is not None:
-            speculation.configure_cache(kv)
+            speculation.configure_cache(kv, scheduler)
         self.scheduler = scheduler
         self.answer_segment = getattr(scheduler, "answer_segment", 0) or 0  # (Scheduler protocol)
         self.cost = cost_model
