@@ -534,6 +534,25 @@ def test_eagle_prefix_hits_need_the_next_token_too(prefix, hit):
         assert runs[0].requests["cached_tokens"].tolist() == [0, expected], method
 
 
+@pytest.mark.parametrize("block, prefix, hit", [(1, 16, 15), (4, 16, 12), (4, 17, 16)])
+def test_eagle_keys_sglangs_radix_tree_by_token_pairs(block, prefix, hit):
+    """Review spec82: SGLang keys its radix tree by bigrams under EAGLE (``convert_to_bigram_key``:
+    the draft sequence is the target's shifted by one), so a prompt sharing 16 tokens matches 15 of
+    them (12 in pages of 4); the radix cache matched all 16. n-gram keeps the plain keys."""
+    from schedlab_plugins.kv_caches import RadixKVCache
+    from schedlab_plugins.schedulers import SglangConfig, SglangScheduler
+
+    reqs = [Request(0, 0.0, prefix + 5, 3, prefix_group=0, prefix_tokens=prefix),
+            Request(1, 50.0, prefix + 5, 3, prefix_group=0, prefix_tokens=prefix)]
+    for method, expected in (("eagle", hit), ("ngram", prefix // block * block)):
+        spec = SpeculativeConfig(method=method, num_speculative_tokens=2, acceptance_rate=0.5,
+                                 draft={"kind": "linear"} if method == "eagle" else None)
+        runs = [run_engine(reqs, SglangScheduler(SglangConfig()), LinearCostModel(LinearConfig()),
+                           RadixKVCache(256, block), engine=engine, speculative=spec) for engine in ENGINES]
+        compare_runs(*runs, rel=0.0)
+        assert runs[0].requests["cached_tokens"].tolist() == [0, expected], method
+
+
 def test_hash_lookahead_is_set_before_anything_is_cached():
     kv = PrefixKVCache(4, 4)
     kv.use_hash_lookahead(1)

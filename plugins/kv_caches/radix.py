@@ -204,6 +204,9 @@ class RadixKVCache:
         #: a host hit of fewer tokens is computed again (HiCache's; 0: any hit is loaded)
         self.load_back_threshold = load_back_threshold
         self.bytes_per_block = bytes_per_block
+        #: tokens after a block its key covers too: 1 under EAGLE, whose radix tree SGLang keys by
+        #: token pairs (``convert_to_bigram_key``: the draft sequence is the target's shifted by one)
+        self.hash_lookahead = 0
         self.evictions = 0
         self.epoch = 0
         self._empty()
@@ -264,6 +267,13 @@ class RadixKVCache:
         r = seq.reserved_tokens
         return -(-(c if c > r else r) // self.block_size)
 
+    def use_hash_lookahead(self, tokens: int) -> None:
+        """Key every block by the ``tokens`` after it too (EAGLE's bigram keys, which the engines ask
+        for through :meth:`schedlab.speculative.Speculation.configure_cache`); before anything is cached."""
+        if self.root.children or self.num_used_blocks():
+            raise AssertionError("use_hash_lookahead() on a cache in use")
+        self.hash_lookahead = tokens
+
     def _hold(self, seq) -> _Hold:
         hold = seq.kv_state
         if hold is None:
@@ -277,7 +287,8 @@ class RadixKVCache:
         if have < upto:
             request, bs, own = seq.request, self.block_size, hold.own
             if have < own:
-                keys.extend(block_key(request, j, bs) for j in range(have, min(own, upto)))
+                look = self.hash_lookahead
+                keys.extend(block_key(request, j, bs, look) for j in range(have, min(own, upto)))
                 have = len(keys)
             if have < upto:
                 rid = request.id
