@@ -894,9 +894,10 @@ class ContinuousScheduler:
             # request's recompute (prompt + generated): vLLM V1's waiting loop breaks for a resumed
             # request as for a new one (``not enable_chunked_prefill and num_new_tokens >
             # token_budget``), and V0's ``_schedule_prefills`` fails ``can_schedule`` (v0.8.5, its
-            # whole-prefill mode); both start only with a budget that holds max_model_len. A recompute
-            # past the whole budget (max_model_len 0 or "auto") is chunked -- else it waited for ever.
-            whole = not self._v0 or self._v0_whole
+            # whole-prefill mode); both start only with a budget that holds max_model_len. Without that
+            # guarantee here (max_model_len 0, or past the budget) a recompute is chunked, as it was
+            # before -- one past the whole budget would wait for ever.
+            whole = self._v0_whole or not self._v0 and 0 < c.max_model_len <= c.max_num_batched_tokens
             if not c.chunked_prefill and (seq.num_preemptions == 0
                                           or whole and n <= c.max_num_batched_tokens):
                 return 0
