@@ -265,7 +265,11 @@ def test_each_sequences_acceptance_is_drawn_as_a_colocated_instance_draws_it(req
     colocated = run_engine(requests, ContinuousScheduler(config), kv=PagedKVCache(blocks, 4), speculative=spec,
                            seed=seed)
     counted = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "decode_tokens", "decode_seq_steps")
-    assert {n: piped.counters[n] for n in counted} == {n: colocated.counters[n] for n in counted}
+
+    def verified(counters):  # (an admission's placeholder drafts depend on what it was admitted beside)
+        return {**{n: counters[n] for n in counted}, "spec_drafts": counters["spec_drafts"] - counters[
+            "spec_padded_drafts"], "spec_draft_tokens": counters["spec_draft_tokens"] - counters["spec_padded_tokens"]}
+    assert verified(piped.counters) == verified(colocated.counters)
     assert by_id(piped, "generated_tokens") == by_id(colocated, "generated_tokens")
     assert piped.counters["num_preemptions"] == colocated.counters["num_preemptions"] == 0
 

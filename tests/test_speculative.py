@@ -651,3 +651,24 @@ def test_a_rate_beside_rates_by_position_is_refused_and_a_capped_k_needs_no_more
     assert cfg.k_for(1) == 3
     with pytest.raises(FieldError, match="gives 2 rate"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_by_position=[0.9, 0.8])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_admissions_placeholder_drafts_count_as_drafts_verified(engine):
+    """Review spec82: a one-token prompt admitted beside a decode is padded to 1 + k rows (vLLM's
+    ``pad_spec_decode``: ``scheduled_spec_decode_tokens`` of -1s), which vLLM's spec-decoding stats
+    count as drafts, all rejected -- and schedlab does on a decode pool. Synchronous, n-gram k = 2
+    with position shares [1, 0]: A (prompt 4, answer 9) verifies 4 x 2 drafts, 4 accepted; B (a
+    one-token prompt, answer 3) is admitted at 11 ms padded by 2, then verifies 2 drafts, 1 accepted:
+    12 drafts in 6 steps, 5 accepted (acceptance 5/12, not 5/10)."""
+    reqs = [Request(0, 0.0, 4, 9), Request(1, 3.0, 1, 3)]
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=2, acceptance_by_position=(1.0, 0.0))
+    from schedlab_plugins.schedulers.presets import VllmConfig
+
+    result = run_engine(reqs, ContinuousScheduler(VllmConfig(async_scheduling=False)),
+                        LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
+                        PagedKVCache(64, 4), engine=engine, speculative=spec)
+    assert result.requests["first_token_ms"].tolist()[1] == pytest.approx(11.0 + 8.0 + (2 + 1 + 2) * 0.5)
+    s = result.metrics["speculative"]
+    assert (s["draft_tokens"], s["drafts"], s["accepted_tokens"]) == (12, 6, 5)
+    assert s["acceptance_rate"] == pytest.approx(5 / 12) and s["mean_acceptance_length"] == pytest.approx(1 + 5 / 6)

@@ -785,6 +785,12 @@ class FastPlan:
             if self.padded is None:
                 self.padded = {}
             self.padded[seq] = padding
+            # vLLM counts them as drafts verified, all rejected (scheduled_spec_decode_tokens of -1s)
+            counters = self._inst.counters
+            counters["spec_drafts"] += 1
+            counters["spec_draft_tokens"] += padding
+            counters["spec_padded_drafts"] += 1
+            counters["spec_padded_tokens"] += padding
         return True
 
     def prefill(self, seq, num_tokens: int) -> bool:

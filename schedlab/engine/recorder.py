@@ -64,6 +64,8 @@ COUNTERS = (
     "spec_drafts",           # speculative decoding: sequence steps that verified drafts (vLLM num_drafts)
     "spec_draft_tokens",     # draft tokens verified
     "spec_accepted_tokens",  # of those, accepted
+    "spec_padded_drafts",    # of spec_drafts: admissions padded with placeholder drafts (vLLM pad_spec_decode)
+    "spec_padded_tokens",    # of spec_draft_tokens: those placeholders (all rejected)
     "generated_tokens",      # all output tokens (decode steps + prefill completions; less those discarded)
     "num_preemptions",       # recompute and swap preemptions
     "recompute_preemptions",

@@ -329,6 +329,11 @@ class RefPlan:
         self.num_scheduled_tokens += num_tokens + padding
         if padding:
             self.padded[seq] = padding
+            # vLLM counts them as drafts verified, all rejected (scheduled_spec_decode_tokens of -1s)
+            e.counters["spec_drafts"] += 1
+            e.counters["spec_draft_tokens"] += padding
+            e.counters["spec_padded_drafts"] += 1
+            e.counters["spec_padded_tokens"] += padding
         return True
 
     def prefill(self, seq, num_tokens: int) -> bool:
