@@ -1,7 +1,8 @@
 """A run's energy metrics, from its meters' record (``meta["energy"]``) and its requests.
 
 * ``gpu_j`` -- what the GPUs drew over the run's window (0, as its GPU-hours, to the end of the
-  engine's work: the last iteration, or a later request dropped or KV lease), iterations (``busy_j``) and idle stretches (``idle_j``) alike; ``host_j`` the
+  engine's work: the last iteration, or a later request dropped or KV lease), iterations
+  (``busy_j``) and idle stretches (``idle_j``) alike; ``host_j`` the
   hosts beside them; ``facility_j``, the sum over the instances of ``(GPUs + host) x`` their
   ``pue`` (a disaggregated cluster's pools may each have their own), also as ``kwh``; ``pue`` the
   instances' PUE when they share one, else the run's effective one, ``facility_j / (gpu_j + host_j)``;
