@@ -895,9 +895,10 @@ class ContinuousScheduler:
             # request as for a new one (``not enable_chunked_prefill and num_new_tokens >
             # token_budget``), and V0's ``_schedule_prefills`` fails ``can_schedule`` (v0.8.5, its
             # whole-prefill mode); both start only with a budget that holds max_model_len. Without that
-            # guarantee here (max_model_len 0, or past the budget) a recompute is chunked, as it was
+            # guarantee here (max_model_len 0 or "auto", or past the budget) a recompute is chunked, as it was
             # before -- one past the whole budget would wait for ever.
-            whole = self._v0_whole or not self._v0 and 0 < c.max_model_len <= c.max_num_batched_tokens
+            longest = c.max_model_len if type(c.max_model_len) is int else 0  # ("auto": not known here)
+            whole = self._v0_whole or not self._v0 and 0 < longest <= c.max_num_batched_tokens
             if not c.chunked_prefill and (seq.num_preemptions == 0
                                           or whole and n <= c.max_num_batched_tokens):
                 return 0
